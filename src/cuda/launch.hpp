@@ -1,0 +1,32 @@
+// src/cuda/launch.hpp: host launchers of the sm_90a kernels. They trust the validated plans,
+// never throw, and return the cudaError_t of the launch (as int, so this header needs no CUDA).
+#pragma once
+
+#include <string>
+
+#include "core/plan.hpp"
+
+namespace lowbit::cuda {
+
+/// Number of usable CUDA devices (0 without a driver; never throws).
+int device_count();
+int runtime_version();
+/// Name and compute capability (major*10+minor) of a device.
+std::string device_name(int device);
+int device_sm(int device);
+const char* error_string(int err);
+/// The device a pointer lives on, or -1 when it is not device memory.
+int pointer_device(const void* p);
+
+int quantize(const detail::QuantPlan& p, void* stream);
+int dequantize(const detail::DequantPlan& p, void* stream);
+int transcode(const detail::TranscodePlan& p, void* stream);
+int cast(const detail::CastPlan& p, void* stream);
+int convert_layout(const detail::LayoutPlan& p, void* stream);
+/// Writes amax(|x|) of a [L, M, K] strided tensor to *out (device pointer).
+int tensor_amax(const void* x, DType t, int64_t L, int64_t M, int64_t K, int64_t sL, int64_t sM, float* out,
+                void* stream);
+int kcache_quantize(const detail::KCachePlan& p, void* stream);
+int kcache_dequantize(const detail::KCachePlan& p, void* stream);
+
+}  // namespace lowbit::cuda
