@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian machine (2 cores, no GPU needed) and runs the whole lowbit test suite:
+# the C++ tests (ctest, GPU-labelled tests excluded unless a GPU is usable) and the Python tests
+# (pytest; GPU-marked tests skip without a device).
+#
+#   bash scripts/test.sh
+#
+# Environment: LOWBIT_VENV (default .venv), LOWBIT_BUILD_DIR (default build/test),
+# LOWBIT_ENABLE_CUDA=OFF to skip the CUDA kernels even where nvcc exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+venv=${LOWBIT_VENV:-$root/.venv}
+build=${LOWBIT_BUILD_DIR:-$root/build/test}
+cuda=${LOWBIT_ENABLE_CUDA:-ON}
+
+# 1. Debian packages (only what is missing; needs root or sudo).
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v g++ >/dev/null || need+=(g++)
+[ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+python3 -c "import venv, ensurepip" 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== installing Debian packages: ${need[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd=sudo
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}"
+fi
+
+# 2. Python environment (PyPI): build tools, test deps, pinned CUTLASS headers.
+if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
+py="$venv/bin/python"
+"$py" -m pip install -q --upgrade pip
+"$py" -m pip install -q "numpy" "ml_dtypes>=0.5" "pytest" "nanobind>=2.10" "scikit-build-core>=0.10"
+"$py" -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
+
+# 3. One CMake build serves the Python module and the C++ tests.
+echo "== building lowbit (CUDA kernels: $cuda, build dir $build)"
+"$py" -m pip install -q --no-build-isolation . \
+  -Cbuild-dir="$build" \
+  -Ccmake.define.LOWBIT_BUILD_TESTS=ON \
+  -Ccmake.define.LOWBIT_ENABLE_CUDA="$cuda" \
+  -Ccmake.define.Python3_EXECUTABLE="$py"
+
+# 4. C++ tests. GPU tests only where a GPU is usable.
+echo "== C++ tests"
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  ctest --test-dir "$build" --output-on-failure -j2
+else
+  ctest --test-dir "$build" --output-on-failure -j2 -LE gpu
+fi
+
+# 5. Python tests (from the repo root, against the installed package).
+echo "== Python tests"
+cd "$root/tests/python"
+"$py" -m pytest -q -p no:cacheprovider "$root/tests/python"
