@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "lowbit/error.hpp"
 #include "lowbit/format.hpp"
 #include "lowbit/scale_layout.hpp"
 #include "lowbit/tensor.hpp"

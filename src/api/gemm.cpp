@@ -1,0 +1,103 @@
+// src/api/gemm.cpp: validation and dispatch of the GEMM ops (lowbit/gemm.hpp).
+#include "api/check.hpp"
+#include "lowbit/gemm.hpp"
+#include "ref/ref_gemm.hpp"
+
+namespace lowbit {
+using namespace detail;
+
+namespace {
+
+/// A packed NVFP4 operand [R, K/2, L] or [R, K/2]: rows, L, row and batch strides (bytes).
+struct Operand {
+  int64_t R = 0, Kb = 0, L = 1, sR = 0, sL = 0;
+};
+
+Operand fp4_operand(Checker& c, const TensorView& t, const char* arg) {
+  c.present(t, arg);
+  c.dtype(t, arg, {DType::kUInt8, DType::kFloat4E2M1x2});
+  if (t.ndim != 2 && t.ndim != 3) c.fail(arg, "expected [rows, K/2, L] or [rows, K/2], got " + t.describe());
+  if (t.shape[1] > 1 && t.strides[1] != 1) c.fail(arg, "the packed K dimension (dim 1) must be contiguous, got " + t.describe());
+  Operand o;
+  o.R = t.shape[0];
+  o.Kb = t.shape[1];
+  o.sR = t.strides[0];
+  if (t.ndim == 3) {
+    o.L = t.shape[2];
+    o.sL = t.strides[2];
+  }
+  return o;
+}
+
+void e4m3_scales(Checker& c, const TensorView& s, const char* arg) {
+  c.present(s, arg);
+  c.dtype(s, arg, {DType::kE4M3, DType::kUInt8});
+}
+
+const float* amax_arg(Checker& c, const TensorView& t, const char* arg) {
+  if (!t.present()) return nullptr;
+  c.present(t, arg);
+  c.dtype(t, arg, {DType::kFloat32});
+  if (t.numel() != 1) c.fail(arg, "expected one element (the per-tensor amax), got " + t.describe());
+  return t.ptr<float>();
+}
+
+}  // namespace
+
+void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
+  Checker c{"nvfp4_dual_gemm_silu"};
+  const Operand a = fp4_operand(c, x.a, "a");
+  const Operand b1 = fp4_operand(c, x.b1, "b1");
+  const Operand b2 = fp4_operand(c, x.b2, "b2");
+  const int64_t M = a.R, N = b1.R, K = a.Kb * 2, L = a.L;
+  if (M < 1) c.fail("a", "M must be >= 1, got " + x.a.describe());
+  if (L < 1) c.fail("a", "L must be >= 1, got " + x.a.describe());
+  if (K % 64 != 0 || K == 0) c.fail("a", "K = " + std::to_string(K) + " must be a positive multiple of 64");
+  if (N % 128 != 0 || N == 0) c.fail("b1", "N = " + std::to_string(N) + " must be a positive multiple of 128");
+  if (x.a.ndim != x.b1.ndim || x.a.ndim != x.b2.ndim) c.fail("b1", "a, b1 and b2 must all be 2-D or all 3-D");
+  if (b1.Kb != a.Kb || b1.L != L) c.fail("b1", "expected shape [N, " + std::to_string(a.Kb) + (x.a.ndim == 3 ? ", " + std::to_string(L) : "") + "] to match a, got " + x.b1.describe());
+  if (b2.R != N || b2.Kb != a.Kb || b2.L != L) c.fail("b2", "expected the shape of b1, got " + x.b2.describe());
+  if (x.sf_layout.kind != ScaleLayoutKind::kRowMajor && x.sf_layout.kind != ScaleLayoutKind::kBlocked128x4)
+    c.fail("sf_layout", "expected row_major (GPU MODE reference [MN, K/16, L]) or blocked128x4 (permuted [32,4,MN/128,4,K/64,L])");
+  if (x.sf_layout.group_pad != GroupPad::kNone) c.fail("sf_layout", "grouped padding does not apply to a dense GEMM");
+  e4m3_scales(c, x.sfa, "sfa");
+  e4m3_scales(c, x.sfb1, "sfb1");
+  e4m3_scales(c, x.sfb2, "sfb2");
+  c.present(x.c, "c");
+  c.dtype(x.c, "c", {DType::kFloat16, DType::kBFloat16});
+  c.shape(x.c, "c", x.a.ndim == 3 ? std::vector<int64_t>{M, N, L} : std::vector<int64_t>{M, N});
+  if (x.c.strides[1] != 1) c.fail("c", "the N dimension (dim 1) must be contiguous, got " + x.c.describe());
+
+  DualGemmPlan p;
+  p.M = M; p.N = N; p.K = K; p.L = L;
+  p.a = x.a.ptr<uint8_t>();
+  p.b1 = x.b1.ptr<uint8_t>();
+  p.b2 = x.b2.ptr<uint8_t>();
+  p.a_sM = a.sR; p.a_sL = a.sL;
+  p.b1_sN = b1.sR; p.b1_sL = b1.sL;
+  p.b2_sN = b2.sR; p.b2_sL = b2.sL;
+  p.sfa = x.sfa.ptr<uint8_t>();
+  p.sfb1 = x.sfb1.ptr<uint8_t>();
+  p.sfb2 = x.sfb2.ptr<uint8_t>();
+  plan_scales(c, x.sfa, "sfa", x.sf_layout, L, M, K / 16, &p.spa);
+  plan_scales(c, x.sfb1, "sfb1", x.sf_layout, L, N, K / 16, &p.spb);
+  ScalePlan spb2;
+  plan_scales(c, x.sfb2, "sfb2", x.sf_layout, L, N, K / 16, &spb2);
+  p.amax_a = amax_arg(c, x.amax_a, "amax_a");
+  p.amax_b1 = amax_arg(c, x.amax_b1, "amax_b1");
+  p.amax_b2 = amax_arg(c, x.amax_b2, "amax_b2");
+  p.c = x.c.data;
+  p.c_dtype = x.c.dtype;
+  p.c_sM = x.c.strides[0];
+  p.c_sL = x.c.ndim == 3 ? x.c.strides[2] : 0;
+  c.no_overlap({{"c", &x.c}}, {{"a", &x.a}, {"b1", &x.b1}, {"b2", &x.b2}, {"sfa", &x.sfa}, {"sfb1", &x.sfb1},
+                               {"sfb2", &x.sfb2}, {"amax_a", &x.amax_a}, {"amax_b1", &x.amax_b1}, {"amax_b2", &x.amax_b2}});
+  if (c.dev == Device::kCPU) {
+    ref::nvfp4_dual_gemm_silu(p);
+    return;
+  }
+  (void)stream;
+  throw NotSupportedError("nvfp4_dual_gemm_silu: the sm_90a kernel is not in this build yet; pass CPU tensors for the reference");
+}
+
+}  // namespace lowbit
