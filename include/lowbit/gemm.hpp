@@ -36,3 +36,29 @@ struct DualGemmArgs {
 void nvfp4_dual_gemm_silu(const DualGemmArgs& args, Stream stream = {});
 
 }  // namespace lowbit
+
+namespace lowbit {
+
+/// Grouped GEMM for MoE with MXFP4 expert weights (FlashInfer group_gemm_mxfp4_nt_groupwise
+/// conventions):  out[m, :] = A[m, :] @ B[g]^T  for every row m of group g,
+/// m_indptr[g] <= m < m_indptr[g+1]. A is MXFP8 (E4M3 or E5M2 codes with a UE8M0 scale per 32
+/// K-elements) or plain bf16 (W4A16); B is MXFP4 (E2M1 codes, element 2k in the low nibble,
+/// UE8M0 per 32). Decoded values are code * 2^(scale - 127); accumulation in fp32 (the reference
+/// in fp64); out rounded to nearest even.
+struct GroupGemmArgs {
+  TensorView a;  ///< [cum_m, K]: float8_e4m3fn / float8_e5m2 (MXFP8 codes) or bfloat16
+  /// MXFP8 activation scales (float8_e8m0fnu or uint8): cum_m x K/32 in a_scale_layout —
+  /// blocked128x4 with per-group padding (FlashInfer's rule, the default) or row-major.
+  TensorView a_scale;
+  ScaleLayout a_scale_layout = ScaleLayout::blocked128x4(GroupPad::kFlashInfer);
+  TensorView b;        ///< [G, N, K/2] uint8 / float4_e2m1fn_x2
+  TensorView b_scale;  ///< G matrices of N x K/32 in b_scale_layout (blocked128x4 or row-major)
+  ScaleLayout b_scale_layout = ScaleLayout::blocked128x4();
+  TensorView m_indptr;  ///< int32 / int64 [G+1], m_indptr[0] = 0, non-decreasing, m_indptr[G] = cum_m
+  TensorView out;       ///< [cum_m, N] bfloat16 / float16
+};
+
+/// Constraints: K a multiple of 32 (the MX block), N a multiple of 8; empty groups allowed.
+void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& args, Stream stream = {});
+
+}  // namespace lowbit

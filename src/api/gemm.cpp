@@ -101,3 +101,79 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
 }
 
 }  // namespace lowbit
+
+namespace lowbit {
+using namespace detail;
+
+void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
+  Checker c{"group_gemm_mxfp4_nt_groupwise"};
+  c.present(x.a, "a");
+  c.dtype(x.a, "a", {DType::kE4M3, DType::kE5M2, DType::kBFloat16});
+  if (x.a.ndim != 2) c.fail("a", "expected [cum_m, K], got " + x.a.describe());
+  c.last_contiguous(x.a, "a");
+  const int64_t M = x.a.shape[0], K = x.a.shape[1];
+  if (K % 32 != 0 || K == 0) c.fail("a", "K = " + std::to_string(K) + " must be a positive multiple of 32 (the MX block)");
+  c.present(x.b, "b");
+  c.dtype(x.b, "b", {DType::kUInt8, DType::kFloat4E2M1x2});
+  if (x.b.ndim != 3 || x.b.shape[2] != K / 2)
+    c.fail("b", "expected [groups, N, " + std::to_string(K / 2) + "], got " + x.b.describe());
+  c.last_contiguous(x.b, "b");
+  const int64_t G = x.b.shape[0], N = x.b.shape[1];
+  if (N % 8 != 0 || N == 0) c.fail("b", "N = " + std::to_string(N) + " must be a positive multiple of 8");
+  c.present(x.m_indptr, "m_indptr");
+  c.dtype(x.m_indptr, "m_indptr", {DType::kInt32, DType::kInt64});
+  if (x.m_indptr.ndim != 1 || x.m_indptr.shape[0] != G + 1 || x.m_indptr.strides[0] != 1)
+    c.fail("m_indptr", "expected a contiguous [" + std::to_string(G + 1) + "] tensor (groups + 1), got " + x.m_indptr.describe());
+  c.present(x.out, "out");
+  c.dtype(x.out, "out", {DType::kBFloat16, DType::kFloat16});
+  c.shape(x.out, "out", {M, N});
+  c.last_contiguous(x.out, "out");
+
+  GroupGemmPlan p;
+  p.M = M; p.N = N; p.K = K; p.G = G;
+  p.a = x.a.data;
+  p.a_dtype = x.a.dtype;
+  p.a_sM = x.a.strides[0];
+  p.b = x.b.ptr<uint8_t>();
+  p.b_sG = x.b.strides[0];
+  p.b_sN = x.b.strides[1];
+  p.m_indptr = x.m_indptr.data;
+  p.indptr64 = x.m_indptr.dtype == DType::kInt64;
+  p.out = x.out.data;
+  p.out_dtype = x.out.dtype;
+  p.o_sM = x.out.strides[0];
+  if (x.a.dtype == DType::kBFloat16) {
+    if (x.a_scale.present()) c.fail("a_scale", "bfloat16 activations (W4A16) take no scales");
+  } else {
+    c.present(x.a_scale, "a_scale");
+    c.dtype(x.a_scale, "a_scale", {DType::kUE8M0, DType::kUInt8});
+    const ScaleLayout& la = x.a_scale_layout;
+    if (!(la.kind == ScaleLayoutKind::kRowMajor && la.group_pad == GroupPad::kNone) &&
+        !(la.kind == ScaleLayoutKind::kBlocked128x4 && la.group_pad != GroupPad::kNone))
+      c.fail("a_scale_layout", "expected row_major or blocked128x4 with per-group padding");
+    if (la.group_pad != GroupPad::kNone) check_groups(c, la, x.m_indptr, 1, M, &p.spa);
+    plan_scales(c, x.a_scale, "a_scale", la, 1, M, K / 32, &p.spa);
+    p.a_scale = x.a_scale.ptr<uint8_t>();
+  }
+  if (x.m_indptr.device == Device::kCPU && (x.a.dtype == DType::kBFloat16 || x.a_scale_layout.group_pad == GroupPad::kNone)) {
+    ScalePlan tmp;  // validates the boundaries (device-resident boundaries are trusted: no host sync)
+    check_groups(c, ScaleLayout::blocked128x4(GroupPad::kFlashInfer), x.m_indptr, 1, M, &tmp);
+  }
+  c.present(x.b_scale, "b_scale");
+  c.dtype(x.b_scale, "b_scale", {DType::kUE8M0, DType::kUInt8});
+  const ScaleLayout& lb = x.b_scale_layout;
+  if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
+    c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
+  plan_scales(c, x.b_scale, "b_scale", lb, G, N, K / 32, &p.spb);
+  p.b_scale = x.b_scale.ptr<uint8_t>();
+  c.no_overlap({{"out", &x.out}}, {{"a", &x.a}, {"a_scale", &x.a_scale}, {"b", &x.b}, {"b_scale", &x.b_scale},
+                                   {"m_indptr", &x.m_indptr}});
+  if (c.dev == Device::kCPU) {
+    ref::group_gemm_mxfp4(p);
+    return;
+  }
+  (void)stream;
+  throw NotSupportedError("group_gemm_mxfp4_nt_groupwise: the sm_90a kernel is not in this build yet; pass CPU tensors for the reference");
+}
+
+}  // namespace lowbit

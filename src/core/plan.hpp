@@ -174,3 +174,29 @@ struct DualGemmPlan {
 };
 
 }  // namespace lowbit::detail
+
+namespace lowbit::detail {
+
+struct GroupGemmPlan {
+  int64_t M = 0, N = 0, K = 0, G = 0;
+  const void* a = nullptr;
+  DType a_dtype = DType::kE4M3;  ///< kE4M3 / kE5M2 (MXFP8) or kBFloat16
+  int64_t a_sM = 0;
+  const uint8_t* a_scale = nullptr;  ///< null for bf16 A
+  ScalePlan spa;                     ///< cum_m x K/32 (grouped or row-major)
+  const uint8_t* b = nullptr;
+  int64_t b_sG = 0, b_sN = 0;
+  const uint8_t* b_scale = nullptr;
+  ScalePlan spb;  ///< N x K/32 per group (batch = group)
+  const void* m_indptr = nullptr;
+  bool indptr64 = false;
+  void* out = nullptr;
+  DType out_dtype = DType::kBFloat16;
+  int64_t o_sM = 0;
+
+  LOWBIT_HOST_DEVICE int64_t bound(int64_t g) const {
+    return indptr64 ? static_cast<const int64_t*>(m_indptr)[g] : int64_t(static_cast<const int32_t*>(m_indptr)[g]);
+  }
+};
+
+}  // namespace lowbit::detail

@@ -54,3 +54,36 @@ void nvfp4_dual_gemm_silu(const DualGemmPlan& p) {
 }
 
 }  // namespace lowbit::ref
+
+namespace lowbit::ref {
+using namespace lowbit::detail;
+
+void group_gemm_mxfp4(const GroupGemmPlan& p) {
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t m0 = p.bound(g), m1 = p.bound(g + 1);
+    if (m1 <= m0) continue;
+    std::vector<float> B(size_t(p.N * p.K));
+    const uint8_t* bg = p.b + g * p.b_sG;
+    for (int64_t n = 0; n < p.N; ++n)
+      for (int64_t k = 0; k < p.K; ++k) {
+        const uint8_t code = (bg[n * p.b_sN + k / 2] >> ((k & 1) * 4)) & 0xF;
+        B[size_t(n * p.K + k)] = decode_e2m1(code) * decode_ue8m0(p.b_scale[p.spb.offset(g, n, k / 32)]);
+      }
+    parallel_for(m1 - m0, [&](int64_t i) {
+      const int64_t m = m0 + i;
+      std::vector<float> A(size_t(p.K));
+      for (int64_t k = 0; k < p.K; ++k) {
+        const float v = load_float(p.a, p.a_dtype, m * p.a_sM + k);
+        A[size_t(k)] = p.a_scale ? v * decode_ue8m0(p.a_scale[p.spa.offset(0, m, k / 32)]) : v;
+      }
+      for (int64_t n = 0; n < p.N; ++n) {
+        double acc = 0.0;
+        const float* br = B.data() + n * p.K;
+        for (int64_t k = 0; k < p.K; ++k) acc += double(A[size_t(k)]) * double(br[k]);
+        store_float(p.out, p.out_dtype, m * p.o_sM + n, float(acc));
+      }
+    });
+  }
+}
+
+}  // namespace lowbit::ref

@@ -10,3 +10,7 @@ float silu(float x);
 void nvfp4_dual_gemm_silu(const detail::DualGemmPlan& p);
 
 }  // namespace lowbit::ref
+
+namespace lowbit::ref {
+void group_gemm_mxfp4(const detail::GroupGemmPlan& p);
+}
