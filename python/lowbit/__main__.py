@@ -1,0 +1,5 @@
+"""`python -m lowbit ...`: the lowbit command line (see lowbit.cli)."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,474 @@
+"""The `lowbit` command line (also `python -m lowbit`).
+
+    lowbit info [--json]
+    lowbit quantize IN.safetensors OUT.safetensors --format FORMAT [options]
+    lowbit dequantize IN.safetensors OUT.safetensors [--dtype auto|bf16|f16|f32]
+    lowbit convert-gpt-oss IN.safetensors OUT.safetensors [--layout LAYOUT] [--no-verify]
+
+`quantize` replaces every 2-D F32/F16/BF16 tensor W whose last dimension K is a multiple of the
+block by
+
+    W.qdata        packed codes: uint8 [M, K/2] (4-bit formats) or float8 [M, K] (8-bit formats)
+    W.scale        block scales in the chosen layout (float32, UE8M0 or E4M3)
+    W.zero         uint4: uint8 zero points, same layout as W.scale
+    W.global_amax  nvfp4: float32 [1] per-tensor amax
+
+and records each one under the "lowbit" key of the safetensors __metadata__ (a JSON object:
+{"version": 1, "producer": ..., "tensors": {"W": {"format", "block", "layout", "nibble_order",
+"rounding", "scale_dtype", "shape", "dtype", "qdata", "scale", "zero", "global_amax"}}}), enough
+for `lowbit dequantize` or any loader to reverse it. Every other tensor is copied unchanged and
+the table says why. See lowbit/checkpoint.py for the full description.
+
+Errors print one line on stderr and exit with status 1 (2 for bad usage); the output file is
+written under a temporary name and only renamed into place once complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+_QUANTIZE_EPILOG = """\
+formats:
+  nvfp4        E2M1 codes, E4M3 scale per 16 elements, per-tensor float32 global amax
+  mxfp4        E2M1 codes, UE8M0 scale per 32 elements (OCP MX)
+  mxfp8        E4M3 codes, UE8M0 scale per 32 elements (OCP MX)
+  mxfp8-e5m2   E5M2 codes, UE8M0 scale per 32 elements (OCP MX)
+  fp8-group    E4M3 codes, float32 (or UE8M0) scale per --group-size (default 128)
+  int4         symmetric INT4, float32 (or UE8M0) scale per --group-size (default 128)
+  uint4        asymmetric UINT4, float32 scale + uint8 zero point per --group-size (default 128)
+  nf4          NF4 codebook (bitsandbytes), float32 absmax per --group-size (default 64)
+
+output tensors, for each quantized tensor W [M, K]:
+  W.qdata        codes: uint8 [M, K/2] for 4-bit formats (element 2i in the low nibble unless
+                 --nibble-order high), F8_E4M3 / F8_E5M2 [M, K] for 8-bit formats
+  W.scale        scales in --scale-layout (row_major: [M, K/block]; the other layouts: the
+                 padded matrix of lowbit.scale_shape)
+  W.zero         uint4 only: uint8 zero points (same layout as W.scale)
+  W.global_amax  nvfp4 only: float32 [1]
+metadata: __metadata__["lowbit"] = JSON {"version": 1, "producer": "lowbit X.Y.Z",
+  "tensors": {"W": {"format", "block", "layout", "nibble_order", "rounding", "scale_dtype",
+  "shape", "dtype", "qdata", "scale", "zero", "global_amax"}}}; other metadata keys are kept.
+
+Only 2-D F32/F16/BF16 tensors whose last dimension is a multiple of the block are quantized;
+every other tensor is copied unchanged and the table lists why.
+"""
+
+_GPT_OSS_EPILOG = """\
+input: gpt-oss MXFP4 expert tensors X_blocks (or X.blocks) uint8 [experts, rows, K/32, 16] and
+X_scales (X.scales) uint8 [experts, rows, K/32] (UE8M0, 2^(s-127)), element 2i in the low nibble.
+output, for each pair:
+  X.qdata  uint8 [experts, rows, K/2]   packed E2M1 codes, element 2i in the low nibble
+  X.scale  uint8 [experts, rows, K/32]  UE8M0 scales (row_major), or per expert the padded
+           matrix of the chosen --layout (e.g. blocked128x4: [experts, round_up(rows,128),
+           round_up(K/32,4)])
+plus a "lowbit" metadata entry (format mxfp4, block 32, the layout, shape [experts, rows, K]).
+Every expert is decoded twice, from the original blocks/scales (an independent NumPy decode)
+and from the converted tensors (lowbit.dequantize); the values must agree bit for bit.
+Biases and all other tensors are copied unchanged.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors."""
+
+    def error(self, message: str):  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .checkpoint import FORMATS, LAYOUTS
+
+    p = _Parser(prog="lowbit", description="lowbit: low-precision formats for LLM checkpoints.",
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    pi = sub.add_parser("info", help="version, build options, CUDA device and the ops it runs",
+                        description="Prints the lowbit version, whether the CUDA kernels are compiled in, "
+                                    "the CUDA device (if usable) and which ops run on it.")
+    pi.add_argument("--json", action="store_true", help="print lowbit.build_info() as JSON")
+
+    pq = sub.add_parser("quantize", help="quantize the 2-D float tensors of a safetensors checkpoint",
+                        description="Quantizes the 2-D F32/F16/BF16 tensors of a safetensors checkpoint "
+                                    "into packed codes + scales and prints a per-tensor error table.",
+                        epilog=_QUANTIZE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pq.add_argument("input", metavar="IN.safetensors")
+    pq.add_argument("output", metavar="OUT.safetensors")
+    pq.add_argument("--format", "-f", required=True, choices=list(FORMATS), metavar="FORMAT",
+                    help="{" + ",".join(FORMATS) + "}")
+    pq.add_argument("--group-size", type=_positive_int, metavar="N",
+                    help="elements per scale for fp8-group/int4/uint4 (default 128) and nf4 (default 64); "
+                         "fixed 16 for nvfp4 and 32 for the MX formats")
+    pq.add_argument("--rounding", choices=["rceil", "floor"],
+                    help="MX scale rule: rceil (NVIDIA, default) or floor (OCP spec, torchao)")
+    pq.add_argument("--scale-layout", default="row_major", choices=list(LAYOUTS),
+                    help="layout of the stored scales (default row_major)")
+    pq.add_argument("--nibble-order", choices=["low", "high"],
+                    help="4-bit formats: element 2i in the low (default) or high (bitsandbytes) nibble")
+    pq.add_argument("--scale-dtype", choices=["float32", "ue8m0"],
+                    help="fp8-group/int4: float32 (default) or power-of-two UE8M0 scales")
+    pq.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="auto (default): CUDA when lowbit has kernels, a device is usable and torch is "
+                         "installed; else the CPU reference")
+    pq.add_argument("--include", action="append", default=[], metavar="REGEX",
+                    help="quantize only tensors whose name matches (re.search; repeatable)")
+    pq.add_argument("--exclude", action="append", default=[], metavar="REGEX",
+                    help="never quantize tensors whose name matches (repeatable)")
+    pq.add_argument("--min-size", type=_positive_int, default=0, metavar="N",
+                    help="copy tensors with fewer than N elements unchanged (default 0)")
+    _common_output_args(pq)
+
+    pd = sub.add_parser("dequantize", help="turn a lowbit-quantized checkpoint back into float tensors",
+                        description="Inverse of `lowbit quantize` (and of convert-gpt-oss): dequantizes every "
+                                    "tensor listed in the \"lowbit\" metadata and copies the rest.")
+    pd.add_argument("input", metavar="IN.safetensors")
+    pd.add_argument("output", metavar="OUT.safetensors")
+    pd.add_argument("--dtype", default="auto", choices=["auto", "bf16", "f16", "f32"],
+                    help="output dtype (default auto: the original dtype recorded in the metadata)")
+    _common_output_args(pd)
+
+    pg = sub.add_parser("convert-gpt-oss", help="convert gpt-oss MXFP4 experts to lowbit's kernel layout",
+                        description="Converts gpt-oss MXFP4 expert tensors (*_blocks / *_scales) into "
+                                    "lowbit's layout and verifies the conversion bit for bit.",
+                        epilog=_GPT_OSS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pg.add_argument("input", metavar="IN.safetensors")
+    pg.add_argument("output", metavar="OUT.safetensors")
+    pg.add_argument("--layout", default="row_major", choices=list(LAYOUTS),
+                    help="layout of the converted scales (default row_major; blocked128x4 = cuBLAS/CUTLASS)")
+    pg.add_argument("--no-verify", action="store_true", help="skip the bit-exact decode check")
+    _common_output_args(pg)
+    return p
+
+
+def _common_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", metavar="FILE.json", help="also write the table as JSON to FILE.json")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
+                   help="always show progress on stderr (default: on a terminal, or for inputs over 256 MiB)")
+    g.add_argument("--no-progress", dest="progress", action="store_const", const=False)
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress and no table")
+
+
+# ---------------------------------------------------------------------------------------------
+# Output helpers
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+    return f"{n:.1f} TiB"
+
+
+def _fmt_float(v: Optional[float], spec: str) -> str:
+    if v is None:
+        return "-"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return format(v, spec)
+
+
+def _shape(shape) -> str:
+    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
+
+
+def render_table(headers: Sequence[str], rows: List[Sequence[str]], right: Sequence[bool]) -> str:
+    widths = [len(h) for h in headers]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r)]
+
+    def line(cells):
+        out = []
+        for c, w, rj in zip(cells, widths, right):
+            out.append(c.rjust(w) if rj else c.ljust(w))
+        return "  ".join(out).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), sep] + [line(r) for r in rows])
+
+
+class Progress:
+    """Per-tensor progress on stderr: a bar redrawn in place on a terminal, else one line per tensor."""
+
+    def __init__(self, enabled: bool, stream=None):
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last_len = 0
+
+    def __call__(self, i: int, n: int, done: int, total: int, name: str) -> None:
+        if not self.enabled:
+            return
+        frac = done / total if total else (i / n if n else 1.0)
+        if self.tty:
+            width = 24
+            fill = int(round(frac * width))
+            msg = (f"[{'#' * fill}{'.' * (width - fill)}] {frac * 100:5.1f}% {human_bytes(done)}/"
+                   f"{human_bytes(total)}  {i}/{n} {name}")
+            msg = msg[:max(20, _term_width() - 1)]
+            pad = " " * max(0, self._last_len - len(msg))
+            self.stream.write("\r" + msg + pad)
+            self._last_len = len(msg)
+            if i >= n:
+                self.stream.write("\r" + " " * self._last_len + "\r")
+            self.stream.flush()
+        elif i < n:
+            self.stream.write(f"[{i + 1}/{n}] {frac * 100:5.1f}% {name}\n")
+            self.stream.flush()
+
+
+def _term_width() -> int:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 100
+
+
+def _progress_for(args, input_path: str) -> Progress:
+    if args.quiet:
+        return Progress(False)
+    enabled = args.progress
+    if enabled is None:
+        try:
+            big = os.path.getsize(input_path) >= 256 * 1024 * 1024
+        except OSError:
+            big = False
+        enabled = sys.stderr.isatty() or big
+    return Progress(enabled)
+
+
+def _write_report(path: Optional[str], command: str, reports, summary) -> None:
+    if not path:
+        return
+    doc = {"command": command, "summary": summary, "tensors": [r.as_dict() for r in reports]}
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _print_skipped(reports, out) -> None:
+    skipped = [r for r in reports if r.action == "copied"]
+    if not skipped:
+        return
+    rows = [[r.name, _shape(r.shape), r.dtype, human_bytes(r.bytes_before), r.reason] for r in skipped]
+    print(f"\ncopied unchanged ({len(skipped)}):", file=out)
+    print(render_table(["tensor", "shape", "dtype", "bytes", "reason"], rows,
+                       [False, True, False, True, False]), file=out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_info(args) -> int:
+    import lowbit
+    from .checkpoint import cuda_status
+
+    info = dict(lowbit.build_info())
+    try:
+        import torch
+
+        torch_line = f"{torch.__version__} (CUDA {'available' if torch.cuda.is_available() else 'not available'})"
+        torch_version: Optional[str] = torch.__version__
+    except ImportError:
+        torch_line, torch_version = "not installed", None
+    usable, why = cuda_status()
+    if args.json:
+        doc = dict(info)
+        doc["torch"] = torch_version
+        doc["quantize_device"] = "cuda" if usable else "cpu"
+        print(json.dumps(doc, indent=1, default=str))
+        return 0
+    rt = int(info.get("cuda_runtime_version") or 0)
+    rt_s = f"CUDA runtime {rt // 1000}.{(rt % 1000) // 10}" if rt else "no CUDA runtime"
+    print(f"lowbit {info.get('version', getattr(lowbit, '__version__', '?'))}")
+    print(f"  CUDA kernels compiled in : {'yes' if info.get('cuda_built') else 'no'} ({rt_s})")
+    if info.get("device_count"):
+        print(f"  CUDA device              : {info.get('device_name', '?')} (sm_{info.get('sm', '?')}), "
+              f"{info['device_count']} usable")
+    else:
+        print("  CUDA device              : none usable")
+    ops = list(info.get("cuda_ops") or [])
+    print(f"  ops on the device        : {', '.join(ops) if ops and info.get('device_count') else 'none (CPU reference for every op)'}")
+    print(f"  torch                    : {torch_line}")
+    print(f"  quantize --device auto   : {'cuda, ' + why if usable else 'cpu (' + why + ')'}")
+    return 0
+
+
+def cmd_quantize(args) -> int:
+    from .checkpoint import Selection, make_config, quantize_checkpoint
+
+    cfg = make_config(args.format, group_size=args.group_size, rounding=args.rounding,
+                      layout=args.scale_layout, nibble_order=args.nibble_order, scale_dtype=args.scale_dtype)
+    sel = Selection(include=args.include, exclude=args.exclude, min_size=args.min_size)
+    prog = _progress_for(args, args.input)
+    reports, summary = quantize_checkpoint(args.input, args.output, cfg, sel, device=args.device, progress=prog)
+    _write_report(args.report, "quantize", reports, summary)
+    if args.quiet:
+        return 0
+    out = sys.stdout
+    print(f"{summary['input']} -> {summary['output']}  ({cfg.describe()}; device {summary['device']})", file=out)
+    q = [r for r in reports if r.action == "quantized"]
+    rows = [[r.name, _shape(r.shape), r.dtype, r.fmt, human_bytes(r.bytes_before), human_bytes(r.bytes_after),
+             f"{r.bytes_before / r.bytes_after:.2f}x" if r.bytes_after else "-",
+             _fmt_float(r.sqnr_db, ".2f"), _fmt_float(r.max_abs_err, ".3g")] for r in q]
+    qb = sum(r.bytes_before for r in q)
+    qa = sum(r.bytes_after for r in q)
+    if q:
+        sig_noise = _total_sqnr(q)
+        rows.append(["total quantized", f"{len(q)} tensors", "", "", human_bytes(qb), human_bytes(qa),
+                     f"{qb / qa:.2f}x" if qa else "-", _fmt_float(sig_noise, ".2f"),
+                     _fmt_float(max((r.max_abs_err for r in q), default=0.0), ".3g")])
+        print(render_table(["tensor", "shape", "dtype", "format", "before", "after", "ratio", "SQNR dB",
+                            "max abs err"], rows, [False, True, False, False, True, True, True, True, True]),
+              file=out)
+    else:
+        print("no tensor was quantized", file=out)
+    _print_skipped(reports, out)
+    print(f"\nfile: {human_bytes(summary['file_bytes_in'])} -> {human_bytes(summary['file_bytes_out'])}; "
+          f"{summary['quantized']} quantized, {summary['copied']} copied; {summary['seconds']:.1f} s", file=out)
+    return 0
+
+
+def _total_sqnr(q) -> Optional[float]:
+    """SQNR of all quantized tensors together: total signal energy over total noise energy."""
+    from .checkpoint import _sqnr
+
+    sig = sum(r.extra.get("signal_energy", 0.0) for r in q)
+    noise = sum(r.extra.get("noise_energy", 0.0) for r in q)
+    return _sqnr(sig, noise)
+
+
+def cmd_dequantize(args) -> int:
+    from .checkpoint import dequantize_checkpoint
+
+    prog = _progress_for(args, args.input)
+    reports, summary = dequantize_checkpoint(args.input, args.output, dtype=args.dtype, progress=prog)
+    _write_report(args.report, "dequantize", reports, summary)
+    if args.quiet:
+        return 0
+    out = sys.stdout
+    print(f"{summary['input']} -> {summary['output']}", file=out)
+    d = [r for r in reports if r.action == "dequantized"]
+    rows = [[r.name, _shape(r.shape), r.fmt, r.dtype, human_bytes(r.bytes_before), human_bytes(r.bytes_after)]
+            for r in d]
+    if rows:
+        print(render_table(["tensor", "shape", "from", "to", "before", "after"], rows,
+                           [False, True, False, False, True, True]), file=out)
+    print(f"\n{summary['dequantized']} dequantized, {len(reports) - len(d)} copied; "
+          f"file {human_bytes(summary['file_bytes_out'])}; {summary['seconds']:.1f} s", file=out)
+    return 0
+
+
+def cmd_convert_gpt_oss(args) -> int:
+    from .checkpoint import convert_gpt_oss
+
+    prog = _progress_for(args, args.input)
+    reports, summary = convert_gpt_oss(args.input, args.output, layout=args.layout, verify=not args.no_verify,
+                                       progress=prog)
+    _write_report(args.report, "convert-gpt-oss", reports, summary)
+    if args.quiet:
+        return 0
+    out = sys.stdout
+    print(f"{summary['input']} -> {summary['output']}  (mxfp4, scales {summary['layout']})", file=out)
+    c = [r for r in reports if r.action == "converted"]
+    rows = [[r.name, str(r.extra["experts"]), str(r.extra["rows"]), str(r.extra["K"]),
+             _shape((r.extra["experts"], r.extra["rows"], r.extra["K"] // 2)), human_bytes(r.bytes_before),
+             human_bytes(r.bytes_after), str(r.extra["nan_blocks"]), _fmt_float(r.max_abs, ".4g"),
+             r.extra["verified"]] for r in c]
+    print(render_table(["tensor", "experts", "rows", "K", "qdata", "before", "after", "NaN blocks", "max |w|",
+                        "check"], rows, [False, True, True, True, True, True, True, True, True, False]), file=out)
+    _print_skipped(reports, out)
+    print(f"\n{summary['converted']} converted ({'verified bit-exact' if summary['verified'] else 'not verified'}), "
+          f"{summary['copied']} copied; file {human_bytes(summary['file_bytes_out'])}; "
+          f"{summary['seconds']:.1f} s", file=out)
+    return 0
+
+
+_COMMANDS = {"info": cmd_info, "quantize": cmd_quantize, "dequantize": cmd_dequantize,
+             "convert-gpt-oss": cmd_convert_gpt_oss}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2, already printed)
+        return int(e.code or 0)
+    if args.version:
+        import lowbit
+
+        print(f"lowbit {lowbit.__version__}")
+        return 0
+    if not args.command:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    prog = f"lowbit {args.command}"
+    try:
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\n{prog}: interrupted; no output written\n")
+        return 130
+    except BrokenPipeError:
+        return EXIT_ERROR
+    except FileNotFoundError as e:
+        sys.stderr.write(f"{prog}: error: {e.filename or e}: no such file\n")
+    except IsADirectoryError as e:
+        sys.stderr.write(f"{prog}: error: {e.filename or e}: is a directory\n")
+    except PermissionError as e:
+        sys.stderr.write(f"{prog}: error: {e.filename or e}: permission denied\n")
+    except OSError as e:
+        sys.stderr.write(f"{prog}: error: {_one_line(e.strerror or str(e))}"
+                         f"{': ' + str(e.filename) if e.filename else ''}\n")
+    except MemoryError:
+        sys.stderr.write(f"{prog}: error: out of memory\n")
+    except Exception as e:  # lowbit's argument errors, malformed files, anything unexpected
+        if os.environ.get("LOWBIT_TRACEBACK"):
+            raise
+        from .checkpoint import CheckpointError
+        from .safetensors_io import SafetensorsError
+
+        known = isinstance(e, (CheckpointError, SafetensorsError, ValueError, TypeError, RuntimeError))
+        msg = _one_line(str(e)) or type(e).__name__
+        if not known:
+            msg = f"{type(e).__name__}: {msg} (set LOWBIT_TRACEBACK=1 for the traceback)"
+        sys.stderr.write(f"{prog}: error: {msg}\n")
+    return EXIT_ERROR
+
+
+def _one_line(s: str) -> str:
+    return " ".join(s.split())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
