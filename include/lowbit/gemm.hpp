@@ -62,3 +62,38 @@ struct GroupGemmArgs {
 void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& args, Stream stream = {});
 
 }  // namespace lowbit
+
+namespace lowbit {
+
+/// How activations enter the expert GEMMs of the MoE MLP.
+enum class ActQuant : uint8_t {
+  kBF16,   ///< W4A16: activations rounded to bf16
+  kMXFP8,  ///< W4A8: activations quantized to MXFP8 E4M3 (RCEIL) per 32 K-elements
+};
+
+/// The gpt-oss expert MLP (FORMATS.md section 8), one call: for every token t and each of its
+/// k routed experts e = topk_ids[t, j]:
+///   h = act(x[t]) @ W1[e]^T + b1[e]           (2I outputs, gate/up interleaved: gate = h[0::2], up = h[1::2])
+///   g = min(gate, limit); u = clamp(up, -limit, limit)
+///   y = g * sigmoid(alpha * g) * (u + 1)
+///   o = act(y) @ W2[e]^T + b2[e]
+///   out[t] = sum_j topk_weights[t, j] * o      (fixed order j = 0..k-1, no atomics)
+/// with act() the ActQuant rounding, W1/W2 MXFP4 (as converted from a gpt-oss checkpoint by
+/// `lowbit convert-gpt-oss`), fp32 arithmetic elsewhere, out rounded to nearest even.
+struct MoeMlpArgs {
+  TensorView x;             ///< [T, H] bfloat16 / float32
+  TensorView topk_ids;      ///< [T, k] int32 expert ids in [0, E); -1 skips the slot
+  TensorView topk_weights;  ///< [T, k] float32
+  TensorView w1, w1_scale;  ///< [E, 2I, H/2] MXFP4 codes; [E, 2I, H/32] UE8M0 row-major
+  TensorView b1;            ///< [E, 2I] float32 / bfloat16
+  TensorView w2, w2_scale;  ///< [E, H, I/2]; [E, H, I/32]
+  TensorView b2;            ///< [E, H]
+  float alpha = 1.702f;
+  float limit = 7.0f;
+  ActQuant act = ActQuant::kBF16;
+  TensorView out;  ///< [T, H] bfloat16 / float32
+};
+
+void gpt_oss_moe_mlp(const MoeMlpArgs& args, Stream stream = {});
+
+}  // namespace lowbit

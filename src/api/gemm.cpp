@@ -1,4 +1,6 @@
 // src/api/gemm.cpp: validation and dispatch of the GEMM ops (lowbit/gemm.hpp).
+#include <cmath>
+
 #include "api/check.hpp"
 #include "lowbit/gemm.hpp"
 #include "ref/ref_gemm.hpp"
@@ -174,6 +176,94 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   }
   (void)stream;
   throw NotSupportedError("group_gemm_mxfp4_nt_groupwise: the sm_90a kernel is not in this build yet; pass CPU tensors for the reference");
+}
+
+}  // namespace lowbit
+
+namespace lowbit {
+using namespace detail;
+
+void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
+  Checker c{"gpt_oss_moe_mlp"};
+  c.present(x.x, "x");
+  c.dtype(x.x, "x", {DType::kBFloat16, DType::kFloat32});
+  if (x.x.ndim != 2) c.fail("x", "expected [T, H], got " + x.x.describe());
+  c.last_contiguous(x.x, "x");
+  const int64_t T = x.x.shape[0], H = x.x.shape[1];
+  if (H % 32 != 0 || H == 0) c.fail("x", "hidden size H = " + std::to_string(H) + " must be a positive multiple of 32");
+  c.present(x.w1, "w1");
+  c.dtype(x.w1, "w1", {DType::kUInt8, DType::kFloat4E2M1x2});
+  if (x.w1.ndim != 3 || x.w1.shape[2] != H / 2 || x.w1.shape[1] % 2 != 0)
+    c.fail("w1", "expected [E, 2I, " + std::to_string(H / 2) + "] (gate/up rows interleaved), got " + x.w1.describe());
+  c.last_contiguous(x.w1, "w1");
+  const int64_t E = x.w1.shape[0], I = x.w1.shape[1] / 2;
+  if (I % 32 != 0 || I == 0) c.fail("w1", "intermediate size I = " + std::to_string(I) + " must be a positive multiple of 32");
+  c.present(x.w1_scale, "w1_scale");
+  c.dtype(x.w1_scale, "w1_scale", {DType::kUE8M0, DType::kUInt8});
+  c.shape(x.w1_scale, "w1_scale", {E, 2 * I, H / 32});
+  c.last_contiguous(x.w1_scale, "w1_scale");
+  c.present(x.w2, "w2");
+  c.dtype(x.w2, "w2", {DType::kUInt8, DType::kFloat4E2M1x2});
+  c.shape(x.w2, "w2", {E, H, I / 2});
+  c.last_contiguous(x.w2, "w2");
+  c.present(x.w2_scale, "w2_scale");
+  c.dtype(x.w2_scale, "w2_scale", {DType::kUE8M0, DType::kUInt8});
+  c.shape(x.w2_scale, "w2_scale", {E, H, I / 32});
+  c.last_contiguous(x.w2_scale, "w2_scale");
+  c.present(x.b1, "b1");
+  c.dtype(x.b1, "b1", {DType::kFloat32, DType::kBFloat16});
+  c.shape(x.b1, "b1", {E, 2 * I});
+  c.last_contiguous(x.b1, "b1");
+  c.present(x.b2, "b2");
+  c.dtype(x.b2, "b2", {DType::kFloat32, DType::kBFloat16});
+  c.shape(x.b2, "b2", {E, H});
+  c.last_contiguous(x.b2, "b2");
+  c.present(x.topk_ids, "topk_ids");
+  c.dtype(x.topk_ids, "topk_ids", {DType::kInt32});
+  if (x.topk_ids.ndim != 2 || x.topk_ids.shape[0] != T) c.fail("topk_ids", "expected [" + std::to_string(T) + ", k], got " + x.topk_ids.describe());
+  c.last_contiguous(x.topk_ids, "topk_ids");
+  const int64_t k = x.topk_ids.shape[1];
+  c.present(x.topk_weights, "topk_weights");
+  c.dtype(x.topk_weights, "topk_weights", {DType::kFloat32});
+  c.shape(x.topk_weights, "topk_weights", {T, k});
+  c.last_contiguous(x.topk_weights, "topk_weights");
+  c.present(x.out, "out");
+  c.dtype(x.out, "out", {DType::kBFloat16, DType::kFloat32});
+  c.shape(x.out, "out", {T, H});
+  c.last_contiguous(x.out, "out");
+  if (!(x.limit > 0.0f) || !std::isfinite(x.alpha)) c.fail("limit", "expected limit > 0 and a finite alpha");
+  if (x.topk_ids.device == Device::kCPU) {
+    const int32_t* ids = x.topk_ids.ptr<int32_t>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = ids[t * x.topk_ids.strides[0] + j];
+        if (e < -1 || e >= E)
+          c.fail("topk_ids", "expert id " + std::to_string(e) + " at [" + std::to_string(t) + ", " + std::to_string(j) +
+                                 "] is outside [-1, " + std::to_string(E) + ")");
+      }
+  }
+  MoeMlpPlan p;
+  p.T = T; p.H = H; p.I = I; p.E = E; p.topk = k;
+  p.x = x.x.data; p.x_dtype = x.x.dtype; p.x_sT = x.x.strides[0];
+  p.ids = x.topk_ids.ptr<int32_t>(); p.ids_sT = x.topk_ids.strides[0];
+  p.weights = x.topk_weights.ptr<float>(); p.w_sT = x.topk_weights.strides[0];
+  p.w1 = x.w1.ptr<uint8_t>(); p.w1_sE = x.w1.strides[0]; p.w1_sR = x.w1.strides[1];
+  p.w1s = x.w1_scale.ptr<uint8_t>(); p.w1s_sE = x.w1_scale.strides[0]; p.w1s_sR = x.w1_scale.strides[1];
+  p.w2 = x.w2.ptr<uint8_t>(); p.w2_sE = x.w2.strides[0]; p.w2_sR = x.w2.strides[1];
+  p.w2s = x.w2_scale.ptr<uint8_t>(); p.w2s_sE = x.w2_scale.strides[0]; p.w2s_sR = x.w2_scale.strides[1];
+  p.b1 = x.b1.data; p.b1_dtype = x.b1.dtype; p.b1_sE = x.b1.strides[0];
+  p.b2 = x.b2.data; p.b2_dtype = x.b2.dtype; p.b2_sE = x.b2.strides[0];
+  p.alpha = x.alpha; p.limit = x.limit; p.act_mxfp8 = x.act == ActQuant::kMXFP8;
+  p.out = x.out.data; p.out_dtype = x.out.dtype; p.o_sT = x.out.strides[0];
+  c.no_overlap({{"out", &x.out}}, {{"x", &x.x}, {"topk_ids", &x.topk_ids}, {"topk_weights", &x.topk_weights},
+                                   {"w1", &x.w1}, {"w1_scale", &x.w1_scale}, {"b1", &x.b1}, {"w2", &x.w2},
+                                   {"w2_scale", &x.w2_scale}, {"b2", &x.b2}});
+  if (c.dev == Device::kCPU) {
+    ref::gpt_oss_moe_mlp(p);
+    return;
+  }
+  (void)stream;
+  throw NotSupportedError("gpt_oss_moe_mlp: the sm_90a kernels are not in this build yet; pass CPU tensors for the reference");
 }
 
 }  // namespace lowbit

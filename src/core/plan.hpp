@@ -200,3 +200,28 @@ struct GroupGemmPlan {
 };
 
 }  // namespace lowbit::detail
+
+namespace lowbit::detail {
+
+struct MoeMlpPlan {
+  int64_t T = 0, H = 0, I = 0, E = 0, topk = 0;
+  const void* x = nullptr;
+  DType x_dtype = DType::kBFloat16;
+  int64_t x_sT = 0;
+  const int32_t* ids = nullptr;
+  int64_t ids_sT = 0;
+  const float* weights = nullptr;
+  int64_t w_sT = 0;
+  const uint8_t *w1 = nullptr, *w1s = nullptr, *w2 = nullptr, *w2s = nullptr;
+  int64_t w1_sE = 0, w1_sR = 0, w1s_sE = 0, w1s_sR = 0, w2_sE = 0, w2_sR = 0, w2s_sE = 0, w2s_sR = 0;
+  const void *b1 = nullptr, *b2 = nullptr;
+  DType b1_dtype = DType::kFloat32, b2_dtype = DType::kFloat32;
+  int64_t b1_sE = 0, b2_sE = 0;
+  float alpha = 1.702f, limit = 7.0f;
+  bool act_mxfp8 = false;
+  void* out = nullptr;
+  DType out_dtype = DType::kBFloat16;
+  int64_t o_sT = 0;
+};
+
+}  // namespace lowbit::detail

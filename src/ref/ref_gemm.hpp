@@ -14,3 +14,10 @@ void nvfp4_dual_gemm_silu(const detail::DualGemmPlan& p);
 namespace lowbit::ref {
 void group_gemm_mxfp4(const detail::GroupGemmPlan& p);
 }
+
+namespace lowbit::ref {
+void gpt_oss_moe_mlp(const detail::MoeMlpPlan& p);
+/// Rounds v[0..n) in place as an activation entering an expert GEMM (bf16, or MXFP8 E4M3
+/// RCEIL per 32: quantize + dequantize).
+void round_activation(float* v, int64_t n, bool mxfp8);
+}
