@@ -350,10 +350,10 @@ def skip_reason(info: st.TensorInfo, cfg: QuantConfig, sel: Selection) -> Option
     m, k = info.shape
     if m == 0 or k == 0:
         return "empty"
-    if m * k < sel.min_size:
-        return f"smaller than --min-size {sel.min_size}"
     if k % cfg.block:
         return f"K={k} not a multiple of the block {cfg.block}"
+    if m * k < sel.min_size:
+        return f"smaller than --min-size {sel.min_size}"
     return None
 
 
@@ -644,7 +644,7 @@ def decode_gpt_oss(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     vals = np.empty(b.shape[:-1] + (32,), dtype=np.float32)
     vals[..., 0::2] = _E2M1[b & 0x0F]
     vals[..., 1::2] = _E2M1[b >> 4]
-    mult = np.ldexp(np.float32(1.0), s.astype(np.int32) - 127).astype(np.float32)
+    mult = np.ldexp(np.float32(1.0), np.minimum(s, 254).astype(np.int32) - 127).astype(np.float32)
     mult[s == 0xFF] = np.nan
     vals *= mult[..., None]
     return vals.reshape(b.shape[:-2] + (b.shape[-2] * 32,))
