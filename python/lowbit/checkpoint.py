@@ -442,7 +442,7 @@ def quantize_checkpoint(src: str, dst: str, cfg: QuantConfig, sel: Selection, de
                 a = np.asarray(a, dtype=np.float32).reshape(1)
             out.append((oname, a))
         after = sum(a.nbytes for k, a in arrays.items() if a is not None and names_out[k])
-        entries[n] = metadata_entry(cfg, info, names_out)
+        entries[n] = metadata_entry(fmt, cfg.layout, info.shape, info.dtype, names_out)
         reports.append(TensorReport(n, info.shape, info.dtype, "quantized", fmt=cfg.spec.cli,
                                     bytes_before=info.nbytes, bytes_after=after, sqnr_db=sqnr,
                                     max_abs_err=maxerr, max_abs=maxabs,
@@ -467,19 +467,25 @@ def quantize_checkpoint(src: str, dst: str, cfg: QuantConfig, sel: Selection, de
     return reports, summary
 
 
-def metadata_entry(cfg: QuantConfig, info: st.TensorInfo, names_out: Dict[str, Optional[str]],
+def metadata_entry(fmt, layout: str, shape, dtype: str, names_out: Dict[str, Optional[str]],
                    **extra: Any) -> Dict[str, Any]:
+    """The "lowbit" metadata entry of one quantized tensor (fmt: a lowbit.Format)."""
+    packed = bool(getattr(fmt, "packed", True))
     e: Dict[str, Any] = {
-        "format": cfg.spec.api,
-        "block": cfg.block,
-        "layout": cfg.layout,
-        "nibble_order": cfg.nibble_order,
-        "rounding": cfg.rounding,
-        "scale_dtype": cfg.scale_dtype,
-        "shape": list(info.shape),
-        "dtype": info.dtype,
+        "format": fmt.name,
+        "block": int(fmt.block),
+        "layout": layout,
+        "row_align": 1,
+        "nibble_order": fmt.nibble_order if packed else None,
+        "rounding": getattr(fmt, "rounding", None),
+        "scale_dtype": getattr(fmt, "scale_dtype", None),
+        "zero_scale": getattr(fmt, "zero_scale", None),
+        "shape": [int(d) for d in shape],
+        "dtype": dtype,
     }
     e.update(names_out)
+    kwargs = getattr(fmt, "kwargs", None)
+    e["format_kwargs"] = kwargs() if callable(kwargs) else {}
     e.update(extra)
     return e
 
@@ -516,16 +522,18 @@ def read_lowbit_metadata(f: st.SafetensorsFile) -> Dict[str, Any]:
 
 
 def format_from_entry(e: Dict[str, Any]):
-    """The lowbit.Format an entry of the "lowbit" metadata describes."""
+    """The lowbit.Format an entry of the "lowbit" metadata describes, and its layout."""
     lb = _lowbit()
-    spec = next((s for s in FORMATS.values() if s.api == e["format"]), None)
-    if spec is None:
-        raise CheckpointError(f"unknown format {e['format']!r} in the metadata")
-    cfg = QuantConfig(spec=spec, block=int(e.get("block") or spec.default_block),
-                      layout=e.get("layout", "row_major"), rounding=e.get("rounding"),
-                      scale_dtype=e.get("scale_dtype") or spec.default_scale_dtype,
-                      nibble_order=e.get("nibble_order"))
-    return lb.Format(spec.api, **cfg.format_kwargs()), cfg
+    name = e.get("format")
+    kwargs = e.get("format_kwargs")
+    try:
+        if isinstance(kwargs, dict):
+            return lb.Format(name, **kwargs), e.get("layout", "row_major")
+        kw = {k: e[k] for k in ("block", "rounding", "scale_dtype", "nibble_order", "zero_scale")
+              if e.get(k) is not None}
+        return lb.Format(name, **kw), e.get("layout", "row_major")
+    except (ValueError, TypeError) as ex:
+        raise CheckpointError(f"metadata entry with format {name!r}: {ex}") from None
 
 
 def make_quantized(data, scales, zeros, global_amax, fmt, layout: str, shape):
@@ -536,7 +544,7 @@ def make_quantized(data, scales, zeros, global_amax, fmt, layout: str, shape):
 
 def dequantize_entry(f: st.SafetensorsFile, name: str, e: Dict[str, Any], out_dtype: str) -> np.ndarray:
     lb = _lowbit()
-    fmt, cfg = format_from_entry(e)
+    fmt, layout = format_from_entry(e)
 
     def opt(key):
         n = e.get(key)
@@ -551,13 +559,13 @@ def dequantize_entry(f: st.SafetensorsFile, name: str, e: Dict[str, Any], out_dt
         raise CheckpointError(f"{f.path}: entry {name!r} lacks qdata/scale")
     shape = tuple(e["shape"])
     if len(shape) == 2:
-        qt = make_quantized(data, scales, zeros, gamax, fmt, cfg.layout, shape)
+        qt = make_quantized(data, scales, zeros, gamax, fmt, layout, shape)
         return np.asarray(lb.dequantize(qt, out_dtype=out_dtype))
     if len(shape) == 3:  # one matrix per leading index (converted gpt-oss experts)
         parts = []
         for i in range(shape[0]):
             qt = make_quantized(data[i], scales[i], None if zeros is None else zeros[i], gamax, fmt,
-                                cfg.layout, shape[1:])
+                                layout, shape[1:])
             parts.append(np.asarray(lb.dequantize(qt, out_dtype=out_dtype)))
         return np.stack(parts) if parts else np.zeros(shape, np.float32)
     raise CheckpointError(f"{f.path}: entry {name!r} has an unsupported shape {list(shape)}")
@@ -646,7 +654,8 @@ def decode_gpt_oss(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     vals[..., 1::2] = _E2M1[b >> 4]
     mult = np.ldexp(np.float32(1.0), np.minimum(s, 254).astype(np.int32) - 127).astype(np.float32)
     mult[s == 0xFF] = np.nan
-    vals *= mult[..., None]
+    with np.errstate(over="ignore"):  # 6 * 2^127 is +-inf in float32, as in any fp32 decode
+        vals *= mult[..., None]
     return vals.reshape(b.shape[:-2] + (b.shape[-2] * 32,))
 
 
@@ -701,8 +710,6 @@ def convert_gpt_oss(src: str, dst: str, layout: str = "row_major", verify: bool 
         why = "; ".join(f"{n}: {r}" for n, r in bad.items())
         raise CheckpointError(f"{src}: no gpt-oss MXFP4 tensors (*_blocks uint8 [E, rows, K/32, 16] with "
                               f"*_scales uint8 [E, rows, K/32]) found" + (f" ({why})" if why else ""))
-    cfg = make_config("mxfp4", layout=layout)
-    cfg.rounding = None  # unknown: only the decode matters for a converted checkpoint
     fmt = lb.Format("mxfp4")
     by_name = {b: base for base, (b, s) in pairs.items()}
     scale_names = {s for (b, s) in pairs.values()}
@@ -764,9 +771,9 @@ def convert_gpt_oss(src: str, dst: str, layout: str = "row_major", verify: bool 
         qn, sn = base + ".qdata", base + ".scale"
         out.append((qn, qdata))
         out.append((sn, sc))
-        binfo = st.TensorInfo(base, "BF16", (E, R, K), 0, 0)
-        entries[base] = metadata_entry(cfg, binfo, {"qdata": qn, "scale": sn, "zero": None, "global_amax": None},
-                                       source="gpt-oss", source_tensors=[n, sname])
+        entries[base] = metadata_entry(fmt, layout, (E, R, K), "BF16",
+                                       {"qdata": qn, "scale": sn, "zero": None, "global_amax": None},
+                                       rounding=None, source="gpt-oss", source_tensors=[n, sname])
         before = info.nbytes + f.info(sname).nbytes
         reports.append(TensorReport(base, (E, R, K), "U8", "converted", fmt="mxfp4", bytes_before=before,
                                     bytes_after=qdata.nbytes + sc.nbytes, max_abs=maxabs if verify else None,
