@@ -1,0 +1,58 @@
+"""lowbit: low-precision formats (MXFP8, MXFP4, NVFP4, FP8 / INT4 / UINT4 groups, NF4) and
+their conversion kernels.
+
+Arrays in, arrays out: every function accepts NumPy arrays (bfloat16 / fp8 through ml_dtypes)
+and torch tensors (CPU or CUDA) and returns results of the same library on the same device.
+CUDA tensors run the sm_90a kernels on the current torch stream; host arrays run the CPU
+reference. See lowbit.Format for the recipes and docs/python_api.md for an overview.
+
+    import lowbit
+    qt = lowbit.quantize(x, "mxfp4", "blocked128x4")
+    x2 = lowbit.dequantize(qt, "bfloat16")
+"""
+
+import sys as _sys
+
+from . import _C
+from ._formats import FORMAT_NAMES, LAYOUTS, Format, Quantized
+from .ops import (
+    block_scale_deinterleave,
+    block_scale_interleave,
+    build_info,
+    cast,
+    convert_scale_layout,
+    dequantize,
+    mxfp4_quantize,
+    mxfp8_quantize,
+    nf4_kcache_dequantize,
+    nf4_kcache_quantize,
+    nvfp4_quantize,
+    per_token_group_quant,
+    quantize,
+    scale_shape,
+    tensor_amax,
+    transcode,
+)
+
+__version__ = _C.__version__
+
+__all__ = [
+    "__version__", "Format", "Quantized", "FORMAT_NAMES", "LAYOUTS",
+    "build_info", "scale_shape", "quantize", "dequantize", "transcode", "cast", "convert_scale_layout",
+    "tensor_amax", "nf4_kcache_quantize", "nf4_kcache_dequantize",
+    "mxfp8_quantize", "mxfp4_quantize", "nvfp4_quantize", "per_token_group_quant",
+    "block_scale_interleave", "block_scale_deinterleave",
+]
+
+
+def __getattr__(name):
+    # `lowbit.torch_ops` imports torch on first use only (torch stays optional)
+    if name == "torch_ops":
+        import importlib
+
+        return importlib.import_module(".torch_ops", __name__)
+    raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
+
+
+if "torch" in _sys.modules:  # torch already loaded: register the lowbit:: custom ops now
+    from . import torch_ops  # noqa: F401

@@ -1,0 +1,312 @@
+"""Block-format descriptors (lowbit::BlockFormat) and the quantized-tensor container.
+
+Formats (K is quantized in blocks of `block` consecutive elements, one scale per block):
+
+==============  =====  =====  ========  ==================================  =====================
+name            elem   block  scale     scale rule                          decode
+==============  =====  =====  ========  ==================================  =====================
+mxfp8_e4m3      E4M3   32     UE8M0     MX, rounding="rceil" (default):     q * 2^(s-127)
+mxfp8_e5m2      E5M2                    2^ceil(log2(amax / qmax)),
+mxfp4           E2M1                    qmax = 448 / 57344 / 6;
+                                        rounding="floor" (OCP):
+                                        2^(floor(log2 amax) - emax_elem)
+nvfp4           E2M1   16     E4M3      TransformerEngine two-level:        q * s * S_dec
+                                        S_enc = 448*6/global_amax,
+                                        s = e4m3(amax * S_enc / 6)
+fp8_e4m3/e5m2   E4M3/  G=128  float32   s = max(amax, eps) / 448 (57344)    q * s
+                E5M2          or UE8M0  (UE8M0: s rounded up to 2^n)
+int4            INT4   G=128  float32   s = max(amax, eps) / 7              q * s
+                              or UE8M0
+uint4           UINT4  G=128  float32   s = max((max-min)/15, eps),         (q - zp) * s
+                                        zp = clamp(rne(-min/s), 0, 15)
+nf4             NF4    B=64   float32   s = absmax (bitsandbytes)           nf4[q] * s
+==============  =====  =====  ========  ==================================  =====================
+
+Elements are encoded round-to-nearest-even with saturation to the finite range. 4-bit codes are
+packed two per byte, element 2i in the low nibble (``nibble_order="low"``; "high" reproduces
+bitsandbytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+from . import _C
+
+E, ST, R = _C.Elem, _C.ScaleType, _C.ScaleRule
+
+# name -> (elem, default block, default scale type, default rule, fixed block?)
+_FORMATS = {
+    "mxfp8_e4m3": (E.e4m3, 32, ST.ue8m0, R.mx_rceil, True),
+    "mxfp8_e5m2": (E.e5m2, 32, ST.ue8m0, R.mx_rceil, True),
+    "mxfp4": (E.e2m1, 32, ST.ue8m0, R.mx_rceil, True),
+    "nvfp4": (E.e2m1, 16, ST.e4m3, R.nvfp4, True),
+    "fp8_e4m3": (E.e4m3, 128, ST.f32, R.amax, False),
+    "fp8_e5m2": (E.e5m2, 128, ST.f32, R.amax, False),
+    "int4": (E.int4, 128, ST.f32, R.amax, False),
+    "uint4": (E.uint4, 128, ST.f32, R.minmax, False),
+    "nf4": (E.nf4, 64, ST.f32, R.absmax, False),
+}
+FORMAT_NAMES = tuple(_FORMATS)
+_ALIASES = {"mxfp8": "mxfp8_e4m3", "fp8": "fp8_e4m3", "fp8_group": "fp8_e4m3", "int4_group": "int4"}
+
+_SCALE_DTYPE_NAMES = {ST.f32: "float32", ST.ue8m0: "float8_e8m0fnu", ST.e4m3: "float8_e4m3fn"}
+_SCALE_DTYPE_PARSE = {
+    "float32": ST.f32, "fp32": ST.f32, "f32": ST.f32,
+    "ue8m0": ST.ue8m0, "e8m0": ST.ue8m0, "float8_e8m0fnu": ST.ue8m0,
+    "e4m3": ST.e4m3, "float8_e4m3fn": ST.e4m3,
+}
+_ZERO_SCALE = {"zero": _C.ZeroScale.zero, "min": _C.ZeroScale.min, "one": _C.ZeroScale.one}
+_NIBBLES = {"low": _C.NibbleOrder.low, "high": _C.NibbleOrder.high}
+
+LAYOUTS = {
+    "row_major": _C.ScaleLayoutKind.row_major,
+    "col_major": _C.ScaleLayoutKind.col_major,
+    "blocked128x4": _C.ScaleLayoutKind.blocked128x4,
+    "blocked8x4": _C.ScaleLayoutKind.blocked8x4,
+}
+GROUP_PADS = {"flashinfer": _C.GroupPad.flashinfer, "cumsum": _C.GroupPad.cumsum}
+
+
+def _fail(arg: str, what: str, op: str = "Format"):
+    raise ValueError(f"{op}: argument '{arg}': {what}")
+
+
+def _choice(value, table, arg, op):
+    if value not in table:
+        _fail(arg, f"expected one of {', '.join(repr(k) for k in table)}, got {value!r}", op)
+    return table[value]
+
+
+def layout_kind(layout: str, op: str = "lowbit", arg: str = "layout"):
+    return _choice(layout, LAYOUTS, arg, op)
+
+
+def group_pad_kind(group_pad: Optional[str], grouped: bool, op: str = "lowbit"):
+    if not grouped:
+        return _C.GroupPad.none
+    return _choice(group_pad, GROUP_PADS, "group_pad", op)
+
+
+class Format:
+    """A block format (lowbit::BlockFormat).
+
+    ``Format(name, *, block=None, rounding=None, scale_dtype=None, nibble_order="low",
+    zero_scale=None, eps=1e-10)``
+
+    name: mxfp8_e4m3 mxfp8_e5m2 mxfp4 nvfp4 fp8_e4m3 fp8_e5m2 int4 uint4 nf4.
+    block: group size (fp8_*/int4/uint4 default 128, nf4 default 64; fixed 32 for MX, 16 for NVFP4).
+    rounding: MX scale rule, "rceil" (default; NVIDIA: amax/emax_value rounded up to a power of
+    two) or "floor" (OCP: 2^(floor(log2 amax) - emax_elem)).
+    scale_dtype: "float32" (default) or "ue8m0" (power-of-two scales, rounded up) for fp8_*/int4.
+    nibble_order: "low" (element 2i in bits 0-3) or "high" (bitsandbytes).
+    zero_scale (NVFP4): block scale stored when it rounds to 0: "zero" (TransformerEngine,
+    FlashInfer), "min" (2^-9, torchao) or "one" (ModelOpt).
+    eps: floor of the block amax of the fp8/int4 group recipes (uint4: floor of the scale).
+    """
+
+    __slots__ = ("name", "elem", "block", "scale_type", "rule", "nibbles", "zero_scale_kind", "eps")
+
+    def __init__(self, name: str, *, block: Optional[int] = None, rounding: Optional[str] = None,
+                 scale_dtype: Optional[str] = None, nibble_order: str = "low", zero_scale: Optional[str] = None,
+                 eps: float = 1e-10):
+        if isinstance(name, Format):
+            name = name.name
+        if not isinstance(name, str):
+            _fail("name", f"expected a format name, got {type(name).__name__}")
+        name = _ALIASES.get(name, name)
+        if name not in _FORMATS:
+            _fail("name", f"unknown format {name!r}; expected one of {', '.join(FORMAT_NAMES)}")
+        elem, dblock, dst, rule, fixed = _FORMATS[name]
+        if block is None:
+            block = dblock
+        elif fixed and int(block) != dblock:
+            _fail("block", f"{name} has a fixed block size of {dblock}, got {block}")
+        if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
+            _fail("block", f"expected a positive integer, got {block!r}")
+        if rule in (R.mx_rceil, R.mx_floor):
+            rule = _choice(rounding or "rceil", {"rceil": R.mx_rceil, "floor": R.mx_floor}, "rounding", "Format")
+        elif rounding is not None:
+            _fail("rounding", f"only the MX formats take a rounding rule, not {name}")
+        st = dst
+        if scale_dtype is not None:
+            st = _choice(scale_dtype, _SCALE_DTYPE_PARSE, "scale_dtype", "Format")
+            allowed = (ST.f32, ST.ue8m0) if name in ("fp8_e4m3", "fp8_e5m2", "int4") else (dst,)
+            if st not in allowed:
+                _fail("scale_dtype", f"{name} stores {' or '.join(_SCALE_DTYPE_NAMES[a] for a in allowed)} scales, "
+                                     f"got {scale_dtype!r}")
+        nib = _choice(nibble_order, _NIBBLES, "nibble_order", "Format")
+        if zero_scale is not None and rule != R.nvfp4:
+            _fail("zero_scale", f"only nvfp4 takes zero_scale, not {name}")
+        zs = _choice(zero_scale or "zero", _ZERO_SCALE, "zero_scale", "Format")
+        eps = float(eps)
+        _C.validate_format(elem, block, st, rule, nib, zs, eps)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "elem", elem)
+        object.__setattr__(self, "block", int(block))
+        object.__setattr__(self, "scale_type", st)
+        object.__setattr__(self, "rule", rule)
+        object.__setattr__(self, "nibbles", nib)
+        object.__setattr__(self, "zero_scale_kind", zs)
+        object.__setattr__(self, "eps", eps)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("Format is immutable; use Format.replace(...)")
+
+    @classmethod
+    def of(cls, fmt, **kwargs) -> "Format":
+        """`fmt` (a Format or a name) with the keyword overrides applied."""
+        if isinstance(fmt, Format):
+            return fmt.replace(**kwargs) if kwargs else fmt
+        return cls(fmt, **kwargs)
+
+    # --- readable fields ----------------------------------------------------------------------
+    @property
+    def rounding(self) -> Optional[str]:
+        return {R.mx_rceil: "rceil", R.mx_floor: "floor"}.get(self.rule)
+
+    @property
+    def scale_dtype(self) -> str:
+        return _SCALE_DTYPE_NAMES[self.scale_type]
+
+    @property
+    def nibble_order(self) -> str:
+        return "high" if self.nibbles == _C.NibbleOrder.high else "low"
+
+    @property
+    def zero_scale(self) -> Optional[str]:
+        if self.rule != R.nvfp4:
+            return None
+        return {v: k for k, v in _ZERO_SCALE.items()}[self.zero_scale_kind]
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.elem in (E.e4m3, E.e5m2) else 4
+
+    @property
+    def packed(self) -> bool:
+        return self.bits == 4
+
+    @property
+    def has_zero_point(self) -> bool:
+        return self.rule == R.minmax
+
+    @property
+    def has_global_scale(self) -> bool:
+        return self.rule == R.nvfp4
+
+    @property
+    def code_dtype(self) -> str:
+        """dtype of the quantized codes: fp8 for 8-bit formats, uint8 (two codes a byte) for 4-bit."""
+        return {E.e4m3: "float8_e4m3fn", E.e5m2: "float8_e5m2"}.get(self.elem, "uint8")
+
+    def kwargs(self) -> dict:
+        kw: dict[str, Any] = {"block": self.block, "nibble_order": self.nibble_order}
+        if self.rounding is not None:
+            kw["rounding"] = self.rounding
+        else:
+            kw["scale_dtype"] = self.scale_dtype
+        if self.zero_scale is not None:
+            kw["zero_scale"] = self.zero_scale
+        if self.rule in (R.amax, R.minmax):
+            kw["eps"] = self.eps
+        if self.rule == R.nvfp4:
+            kw.pop("scale_dtype", None)
+        return kw
+
+    def replace(self, **kwargs) -> "Format":
+        kw = self.kwargs()
+        kw.update(kwargs)
+        return Format(self.name, **kw)
+
+    def c_args(self) -> tuple:
+        """The lowbit::BlockFormat fields in the order _C takes them."""
+        return (self.elem, self.block, self.scale_type, self.rule, self.nibbles, self.zero_scale_kind, self.eps)
+
+    def _key(self):
+        return (self.name,) + self.c_args()
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            try:
+                other = Format(other)
+            except ValueError:
+                return False
+        return isinstance(other, Format) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        kw = ", ".join(f"{k}={v!r}" for k, v in self.kwargs().items())
+        return f"Format({self.name!r}, {kw})"
+
+    def __str__(self):
+        return _C.format_name(*self.c_args())
+
+
+@dataclass(frozen=True, eq=False)
+class Quantized:
+    """A quantized tensor: codes, scales and what is needed to decode them.
+
+    data         codes [L?, M, K] (fp8) or [L?, M, K/2] uint8 (4-bit, two codes a byte)
+    scales       the stored scale matrices in `layout` (float32 / float8_e8m0fnu / float8_e4m3fn)
+    zeros        uint8 zero points (uint4), same layout as scales; else None
+    global_amax  NVFP4 per-tensor amax, float32 [1] (decode factor S_dec = global_amax / (448*6)); or None
+    format       the Format
+    layout       "row_major" | "col_major" | "blocked128x4" | "blocked8x4"
+    shape        the shape of the original (unquantized) tensor
+    row_align    col_major: stored rows padded to a multiple of this
+    group_pad    grouped blocked128x4 layouts: "flashinfer" | "cumsum"; None when not grouped
+    m_indptr     grouped layouts: int32/int64 [G+1] row boundaries; else None
+    """
+
+    data: Any
+    scales: Any
+    zeros: Any = None
+    global_amax: Any = None
+    format: Any = "mxfp8_e4m3"
+    layout: str = "row_major"
+    shape: Optional[Tuple[int, ...]] = None
+    row_align: int = 1
+    group_pad: Optional[str] = None
+    m_indptr: Any = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "format", Format.of(self.format))
+        layout_kind(self.layout, "Quantized")
+        if self.shape is None:
+            s = tuple(int(d) for d in self.data.shape)
+            if self.format.packed:
+                s = s[:-1] + (s[-1] * 2,)
+            object.__setattr__(self, "shape", s)
+        else:
+            object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.m_indptr is not None and self.group_pad is None:
+            object.__setattr__(self, "group_pad", "flashinfer")
+
+    def __iter__(self):
+        """``q, s = qt`` unpacks codes and scales."""
+        return iter((self.data, self.scales))
+
+    def __repr__(self):
+        return (f"Quantized(format={self.format!r}, layout={self.layout!r}, shape={self.shape}, "
+                f"data={getattr(self.data, 'dtype', '?')}{list(self.data.shape)}, "
+                f"scales={getattr(self.scales, 'dtype', '?')}{list(self.scales.shape)})")
+
+
+def stored_scale_shape(layout: str, M, C, row_align: int = 1):
+    """(rows, cols) of one stored scale matrix for M rows and C = K/block scale columns (no
+    groups); the arithmetic of lowbit::scale_shape, written so that it also works on symbolic
+    sizes (torch.compile fake tensors)."""
+    if layout == "row_major":
+        return (M, C)
+    if layout == "col_major":
+        return (C, (M + row_align - 1) // row_align * row_align)
+    if layout == "blocked128x4":
+        return ((M + 127) // 128 * 128, (C + 3) // 4 * 4)
+    if layout == "blocked8x4":
+        return ((M + 7) // 8 * 8, (C + 3) // 4 * 4)
+    layout_kind(layout)
+    raise AssertionError(layout)

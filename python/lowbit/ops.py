@@ -1,0 +1,411 @@
+"""The lowbit format operations on NumPy arrays and torch tensors.
+
+Arrays in, arrays out: NumPy in -> NumPy out (bfloat16 / fp8 / e8m0 as ml_dtypes dtypes, packed
+4-bit codes as uint8); torch in -> torch out on the same device. CUDA tensors run the device
+kernels on the current torch stream; host arrays run the CPU reference. Argument errors raise
+ValueError naming the argument; an op that this build cannot run on the given device raises
+NotImplementedError.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+from . import _C
+from ._arrays import Backend, as_array, array_dtype_name, c_view, dtype_name, is_torch, same_backend
+from ._formats import Format, Quantized, group_pad_kind, layout_kind
+
+__all__ = [
+    "build_info", "scale_shape", "quantize", "dequantize", "transcode", "cast", "convert_scale_layout",
+    "tensor_amax", "nf4_kcache_quantize", "nf4_kcache_dequantize",
+    "mxfp8_quantize", "mxfp4_quantize", "nvfp4_quantize", "per_token_group_quant",
+    "block_scale_interleave", "block_scale_deinterleave",
+]
+
+
+def build_info() -> dict:
+    """Build and device information.
+
+    Returns a dict with version, cuda_built (kernels compiled in), cuda_runtime_version (0 without
+    CUDA), device_count (0 without a driver), device_name and sm (of device 0) and cuda_ops (the
+    ops that run on the device)."""
+    return _C.build_info()
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+def _check_mat(x, op: str, arg: str) -> Tuple[int, int, int]:
+    """(L, M, K) of a 2-D [M, K] or 3-D [L, M, K] array; ValueError naming `arg` otherwise."""
+    if x.ndim not in (2, 3):
+        raise ValueError(f"{op}: argument '{arg}': expected a 2-D [M, K] or 3-D [L, M, K] array, "
+                         f"got shape {tuple(x.shape)}")
+    L = int(x.shape[0]) if x.ndim == 3 else 1
+    return L, int(x.shape[-2]), int(x.shape[-1])
+
+
+def _check_block(f: Format, K: int, op: str, arg: str):
+    if K % f.block:
+        raise ValueError(f"{op}: argument '{arg}': the last dimension K = {K} must be a multiple of the block "
+                         f"size {f.block} of {f} (lowbit neither pads nor truncates)")
+
+
+def _scale_storage_shape(f: Format, kind, row_align: int, pad, L: int, M: int, K: int, groups: int, batched: bool):
+    s = _C.scale_shape(*f.c_args(), kind, int(row_align), pad, L, M, K, groups)
+    return tuple(s) if batched else tuple(s[1:])
+
+
+def _indptr(be: Backend, m_indptr, op: str):
+    if m_indptr is None:
+        return None, 0
+    if is_torch(m_indptr) or hasattr(m_indptr, "dtype"):
+        arr = m_indptr
+    else:
+        arr = be.from_values(m_indptr, "int64")
+    if arr.ndim != 1 or arr.shape[0] < 2:
+        raise ValueError(f"{op}: argument 'm_indptr': expected a 1-D array of G+1 >= 2 boundaries, "
+                         f"got shape {tuple(arr.shape)}")
+    return arr, int(arr.shape[0]) - 1
+
+
+# ---------------------------------------------------------------------------------------------
+
+def scale_shape(fmt, layout: str = "row_major", L: int = 1, M: int = 1, K: int = 0, groups: int = 0, *,
+                row_align: int = 1, group_pad: str = "flashinfer", **fmt_kwargs) -> Tuple[int, int, int]:
+    """Shape ``(L, rows, cols)`` of the stored scale matrices that quantize writes for an
+    [L, M, K] input: rows = M padded (row_major: M; blocked128x4: round_up(M, 128); blocked8x4:
+    round_up(M, 8)), cols = K/block (blocked: round_up(K/block, 4)); col_major gives
+    ``(L, K/block, round_up(M, row_align))``. ``groups > 0`` selects the grouped (MoE)
+    blocked128x4 layout: ``(1, rows to allocate, cols)``."""
+    f = Format.of(fmt, **fmt_kwargs)
+    kind = layout_kind(layout, "scale_shape")
+    pad = group_pad_kind(group_pad, groups > 0, "scale_shape")
+    return tuple(_C.scale_shape(*f.c_args(), kind, int(row_align), pad, int(L), int(M), int(K), int(groups)))
+
+
+def quantize(x, fmt="mxfp8_e4m3", layout: str = "row_major", *, row_align: int = 1, m_indptr=None,
+             group_pad: str = "flashinfer", global_amax=None, compute_global_amax: bool = False,
+             **fmt_kwargs) -> Quantized:
+    """Block-quantize the last dimension of ``x`` ([M, K] or [L, M, K], float32 / float16 /
+    bfloat16, last dimension contiguous).
+
+    Per block of ``fmt.block`` elements (see lowbit.Format for every recipe):
+      MX (mxfp8_e4m3/e5m2, mxfp4): UE8M0 scale s; RCEIL s = ceil_pow2(amax / qmax), FLOOR
+        s = 2^(floor(log2 amax) - emax_elem); q = sat_rne(x / s).
+      nvfp4: S_enc = 448*6/global_amax (1 when no global_amax), s = e4m3(amax * S_enc/6),
+        q = e2m1(x * 1/(s * S_dec)), S_dec = 1/S_enc.
+      fp8_* / int4 groups: s = max(amax, eps) / qmax, q = sat_rne(x / s).
+      uint4: s = max((max-min)/15, eps), zp = clamp(rne(-min/s), 0, 15), q = clamp(rne(x/s)+zp, 0, 15).
+      nf4: s = absmax, q = nearest nf4 code of x / s.
+
+    layout: where the scales go: "row_major" [M, K/block], "col_major" [K/block, round_up(M,
+    row_align)], "blocked128x4" (cuBLAS / CUTLASS / FlashInfer 128x4 swizzle, zero padded),
+    "blocked8x4". With ``m_indptr`` (int [G+1] row boundaries of MoE groups) the blocked128x4
+    scales of each group start on a 128-row tile (``group_pad`` "flashinfer" or "cumsum").
+
+    NVFP4: ``global_amax`` (a float or a float32 [1] array) sets the per-tensor scale;
+    ``compute_global_amax=True`` writes amax(|x|) into it first (allocated when not given).
+
+    Returns lowbit.Quantized(data, scales, zeros, global_amax, format, layout, shape)."""
+    op = "quantize"
+    x = as_array(x, op, "x")
+    f = Format.of(fmt, **fmt_kwargs)
+    kind = layout_kind(layout, op)
+    be = Backend(x)
+    L, M, K = _check_mat(x, op, "x")
+    _check_block(f, K, op, "x")
+    ind, groups = _indptr(be, m_indptr, op)
+    same_backend(x, ind, op, "m_indptr")
+    pad = group_pad_kind(group_pad, ind is not None, op)
+    batched = x.ndim == 3
+    q = be.empty(x.shape[:-1] + ((K // 2,) if f.packed else (K,)), f.code_dtype)
+    sshape = _scale_storage_shape(f, kind, row_align, pad, L, M, K, groups, batched)
+    scales = be.empty(sshape, f.scale_dtype)
+    zeros = be.empty(sshape, "uint8") if f.has_zero_point else None
+    gam = None
+    if global_amax is not None:
+        gam = be.adopt(global_amax, op, "global_amax", "float32")
+        same_backend(x, gam, op, "global_amax")
+    elif compute_global_amax:
+        gam = be.zeros((1,), "float32")
+    with be.guard():
+        _C.quantize(*c_view(x, op, "x"), *c_view(q, op, "q"), *c_view(scales, op, "scales"), *f.c_args(), kind,
+                    int(row_align), pad,
+                    zeros=None if zeros is None else c_view(zeros, op, "zeros")[0],
+                    global_amax=None if gam is None else c_view(gam, op, "global_amax")[0],
+                    compute_global_amax=bool(compute_global_amax),
+                    m_indptr=None if ind is None else c_view(ind, op, "m_indptr")[0],
+                    stream=be.stream())
+    return Quantized(q, scales, zeros, gam, f, layout, tuple(int(s) for s in x.shape), int(row_align),
+                     group_pad if ind is not None else None, ind)
+
+
+def dequantize(qt: Quantized, out_dtype="float32") -> object:
+    """x ~= dequantize(qt): per element, with s the block's stored scale,
+    MX: q * 2^(s-127); nvfp4: e2m1(q) * e4m3(s) * S_dec (S_dec = global_amax/(448*6), 1 without);
+    fp8_* / int4: q * s; uint4: (q - zp) * s; nf4: nf4[q] * s.
+    The fp32 value is rounded to nearest even into ``out_dtype`` (float32, float16, bfloat16,
+    float8_e4m3fn or float8_e5m2; 8-bit outputs saturate). Returns an array of ``qt.shape``."""
+    op = "dequantize"
+    if not isinstance(qt, Quantized):
+        raise ValueError(f"{op}: argument 'qt': expected a lowbit.Quantized, got {type(qt).__name__}")
+    f = qt.format
+    out_name = dtype_name(out_dtype, op, "out_dtype")
+    be = Backend(qt.data)
+    for arg in ("scales", "zeros", "global_amax", "m_indptr"):
+        same_backend(qt.data, getattr(qt, arg), op, arg)
+    if len(qt.shape) not in (2, 3):
+        raise ValueError(f"{op}: argument 'qt': expected a 2-D or 3-D shape, got {qt.shape}")
+    out = be.empty(qt.shape, out_name)
+    kind = layout_kind(qt.layout, op)
+    pad = group_pad_kind(qt.group_pad, qt.m_indptr is not None, op)
+    with be.guard():
+        _C.dequantize(*c_view(qt.data, op, "q"), *c_view(qt.scales, op, "scales"),
+                      *c_view(out, op, "out"), *f.c_args(), kind, int(qt.row_align), pad,
+                      zeros=None if qt.zeros is None else c_view(qt.zeros, op, "zeros")[0],
+                      global_amax=None if qt.global_amax is None else c_view(qt.global_amax, op, "global_amax")[0],
+                      m_indptr=None if qt.m_indptr is None else c_view(qt.m_indptr, op, "m_indptr")[0],
+                      stream=be.stream())
+    return out
+
+
+def transcode(qt: Quantized, out_dtype="float8_e4m3fn"):
+    """Exact element transcode keeping the scales: INT4 codes q -> fp8(q), UINT4 -> fp8(q - zp)
+    (float8_e4m3fn only), E2M1 (mxfp4 / nvfp4) -> fp8(e2m1(q)). Every value is representable,
+    so ``transcode(qt) * scale`` decodes exactly like ``qt``: mxfp4 -> mxfp8 and int4 -> fp8 with
+    the same scales (``qt.scales``). Returns the [L?, M, K] fp8 codes."""
+    op = "transcode"
+    if not isinstance(qt, Quantized):
+        raise ValueError(f"{op}: argument 'qt': expected a lowbit.Quantized, got {type(qt).__name__}")
+    f = qt.format
+    out_name = dtype_name(out_dtype, op, "out_dtype")
+    be = Backend(qt.data)
+    out = be.empty(qt.shape, out_name)
+    zeros = qt.zeros
+    if zeros is not None and (qt.layout != "row_major" or qt.m_indptr is not None):
+        # transcode takes the zero points row-major [L, M, K/block]
+        L, M, K = _check_mat(out, op, "qt")
+        zeros = convert_scale_layout(zeros, M, K // f.block, src=qt.layout, dst="row_major", m_indptr=qt.m_indptr,
+                                     src_row_align=qt.row_align, group_pad=qt.group_pad or "flashinfer")
+    with be.guard():
+        _C.transcode(*c_view(qt.data, op, "q"), *c_view(out, op, "out"), *f.c_args(),
+                     zeros=None if zeros is None else c_view(zeros, op, "zeros")[0], stream=be.stream())
+    return out
+
+
+def cast(x, dtype="float8_e4m3fn", saturate: bool = True):
+    """Elementwise ``out = dtype(x)`` between float32 / float16 / bfloat16 / float8_e4m3fn /
+    float8_e5m2, round-to-nearest-even. ``saturate=True`` (satfinite) clamps overflow and +-Inf
+    to +-max finite (448 E4M3, 57344 E5M2), NaN stays NaN; ``saturate=False`` follows IEEE /
+    ml_dtypes / torch ``.to()``: overflow gives Inf (E5M2, fp16) or NaN (E4M3). Any shape and
+    strides; the output is contiguous."""
+    op = "cast"
+    x = as_array(x, op, "x")
+    out_name = dtype_name(dtype, op, "dtype")
+    be = Backend(x)
+    out = be.empty(x.shape, out_name)
+    sat = _C.Saturate.finite if saturate else _C.Saturate.none
+    with be.guard():
+        _C.cast(*c_view(x, op, "x"), *c_view(out, op, "out"), sat, stream=be.stream())
+    return out
+
+
+_PLAIN_FMT = Format("fp8_e4m3", block=1)  # block 1: scale_shape of an R x C matrix is that of K = C
+
+
+def _layout_storage(kind, row_align, pad, L, R, C, groups):
+    return tuple(_C.scale_shape(*_PLAIN_FMT.c_args(), kind, int(row_align), pad, L, R, C, groups))
+
+
+def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", dst: str = "blocked128x4",
+                         m_indptr=None, *, src_row_align: int = 1, dst_row_align: int = 1,
+                         group_pad: str = "flashinfer"):
+    """Copies the stored R x C scale matrices (R = rows, C = cols = K/block; L of them, one after
+    the other) from layout ``src`` to ``dst``; padding of the output is zero. Offsets of (r, c):
+    row_major r*C + c; col_major c*Rp + r; blocked128x4
+    ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4 (Cp = round_up(C, 4));
+    blocked8x4 (r/8)*(Cp/4)*32 + (c/4)*32 + (r%8)*4 + c%4. With ``m_indptr`` the blocked128x4
+    side is grouped (each group starts on a 128-row tile, ``group_pad`` rule). 1- or 4-byte
+    elements; the output has the input's dtype and the stored shape of ``dst``."""
+    op = "convert_scale_layout"
+    scales = as_array(scales, op, "scales", float_default=False)
+    be = Backend(scales)
+    R, C = int(rows), int(cols)
+    if R <= 0 or C <= 0:
+        raise ValueError(f"{op}: argument 'rows': rows and cols must be positive, got {R} x {C}")
+    ind, groups = _indptr(be, m_indptr, op)
+    same_backend(scales, ind, op, "m_indptr")
+    sk, dk = layout_kind(src, op, "src"), layout_kind(dst, op, "dst")
+    spad = dpad = _C.GroupPad.none
+    if ind is not None:  # the blocked128x4 side is the grouped one
+        if dk == _C.ScaleLayoutKind.blocked128x4:
+            dpad = group_pad_kind(group_pad, True, op)
+        elif sk == _C.ScaleLayoutKind.blocked128x4:
+            spad = group_pad_kind(group_pad, True, op)
+        else:
+            raise ValueError(f"{op}: argument 'm_indptr': grouped padding needs src or dst 'blocked128x4'")
+    name = array_dtype_name(scales, op, "scales")
+    numel = 1
+    for d in scales.shape:
+        numel *= int(d)
+    if spad == _C.GroupPad.none:
+        per = _layout_storage(sk, src_row_align, spad, 1, R, C, 0)
+        size = per[1] * per[2]
+        if numel % size:
+            raise ValueError(f"{op}: argument 'scales': {numel} elements are not a whole number of {R} x {C} "
+                             f"matrices in layout {src}")
+        L = numel // size
+    else:
+        L = 1
+    batched = scales.ndim == 3 or L > 1
+    oshape = _layout_storage(dk, dst_row_align, dpad, L, R, C, groups)
+    out = be.empty(oshape if batched else oshape[1:], name)
+    with be.guard():
+        _C.convert_scale_layout(c_view(scales, op, "in")[0], c_view(out, op, "out")[0], c_view(out, op, "out")[1],
+                                sk, int(src_row_align), spad, dk, int(dst_row_align), dpad, R, C,
+                                m_indptr=None if ind is None else c_view(ind, op, "m_indptr")[0], stream=be.stream())
+    return out
+
+
+def tensor_amax(x):
+    """``max(|x|)`` over a whole [M, K] or [L, M, K] array as float32 [1] (NaN propagates)."""
+    op = "tensor_amax"
+    x = as_array(x, op, "x")
+    be = Backend(x)
+    out = be.empty((1,), "float32")
+    with be.guard():
+        _C.tensor_amax(*c_view(x, op, "x"), c_view(out, op, "out")[0], stream=be.stream())
+    return out
+
+
+def _nibbles(order: str, op: str):
+    from ._formats import _NIBBLES, _choice
+    return _choice(order, _NIBBLES, "nibble_order", op)
+
+
+def nf4_kcache_quantize(k, residual_dtype="float8_e5m2", nibble_order: str = "low"):
+    """NF4 K cache with an FP8 residual, for k [B, T, H, D] (float32 / float16 / bfloat16, D even):
+    scale[b, h, d] = max(|min_t k|, |max_t k|) over the T tokens; codes = nf4_encode(k / scale)
+    packed two per byte along D (a zero scale gives code 7 = 0.0); residual =
+    fp8_satfinite(k - nf4[code] * scale). Returns (codes uint8 [B, T, H, D/2], scale float32
+    [B, H, D], residual [B, T, H, D] in ``residual_dtype`` (float8_e5m2 or float8_e4m3fn))."""
+    op = "nf4_kcache_quantize"
+    k = as_array(k, op, "k")
+    if k.ndim != 4:
+        raise ValueError(f"{op}: argument 'k': expected [B, T, H, D], got shape {tuple(k.shape)}")
+    B, T, H, D = (int(s) for s in k.shape)
+    if D % 2:
+        raise ValueError(f"{op}: argument 'k': head dim D = {D} must be even (two NF4 codes per byte)")
+    rname = dtype_name(residual_dtype, op, "residual_dtype")
+    be = Backend(k)
+    codes = be.empty((B, T, H, D // 2), "uint8")
+    scale = be.empty((B, H, D), "float32")
+    residual = be.empty((B, T, H, D), rname)
+    with be.guard():
+        _C.nf4_kcache_quantize(*c_view(k, op, "k"), c_view(codes, op, "codes")[0], c_view(scale, op, "scale")[0],
+                               *c_view(residual, op, "residual"), _nibbles(nibble_order, op), stream=be.stream())
+    return codes, scale, residual
+
+
+def nf4_kcache_dequantize(codes, scale, residual=None, out_dtype="float32", nibble_order: str = "low"):
+    """k ~= nf4[code] * scale[b, h, d] (+ residual when given), as [B, T, H, D] ``out_dtype``
+    (float32 / float16 / bfloat16)."""
+    op = "nf4_kcache_dequantize"
+    codes = as_array(codes, op, "codes", float_default=False)
+    scale = as_array(scale, op, "scale")
+    same_backend(codes, scale, op, "scale")
+    same_backend(codes, residual, op, "residual")
+    if codes.ndim != 4:
+        raise ValueError(f"{op}: argument 'codes': expected [B, T, H, D/2], got shape {tuple(codes.shape)}")
+    B, T, H, D2 = (int(s) for s in codes.shape)
+    be = Backend(codes)
+    out = be.empty((B, T, H, 2 * D2), dtype_name(out_dtype, op, "out_dtype"))
+    rv, rdt = (None, _C.DType.float8_e5m2) if residual is None else c_view(residual, op, "residual")
+    with be.guard():
+        _C.nf4_kcache_dequantize(c_view(codes, op, "codes")[0], c_view(scale, op, "scale")[0], rv, rdt,
+                                 *c_view(out, op, "out"), _nibbles(nibble_order, op), stream=be.stream())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Familiar entry points (FlashInfer / SGLang / vLLM names)
+
+def mxfp8_quantize(x, swizzled: bool = False, rounding: str = "rceil", *, dtype="float8_e4m3fn"):
+    """MXFP8 (FlashInfer ``mxfp8_quantize``): blocks of 32, UE8M0 scale s = 2^ceil(log2(amax/448))
+    (RCEIL; "floor": 2^(floor(log2 amax) - 8)), q = e4m3_satfinite(x / s).
+    Returns (q float8_e4m3fn [.., M, K], scales float8_e8m0fnu): row-major [M, K/32], or the
+    128x4 swizzled [round_up(M,128), round_up(K/32,4)] when ``swizzled``.
+    ``dtype="float8_e5m2"`` gives MXFP8 E5M2 (qmax 57344, emax 15)."""
+    name = {"float8_e4m3fn": "mxfp8_e4m3", "float8_e5m2": "mxfp8_e5m2"}.get(dtype_name(dtype, "mxfp8_quantize"))
+    if name is None:
+        raise ValueError(f"mxfp8_quantize: argument 'dtype': expected float8_e4m3fn or float8_e5m2, got {dtype!r}")
+    qt = quantize(x, name, "blocked128x4" if swizzled else "row_major", rounding=rounding)
+    return qt.data, qt.scales
+
+
+def mxfp4_quantize(x, swizzled: bool = False, rounding: str = "rceil"):
+    """MXFP4: blocks of 32, UE8M0 scale s (RCEIL s = 2^ceil(log2(amax/6)); "floor":
+    2^(floor(log2 amax) - 2), the OCP rule), q = e2m1_satfinite(x / s), two codes a byte (element
+    2i in the low nibble). Returns (q uint8 [.., M, K/2], scales float8_e8m0fnu row-major
+    [M, K/32] or 128x4 swizzled when ``swizzled``)."""
+    qt = quantize(x, "mxfp4", "blocked128x4" if swizzled else "row_major", rounding=rounding)
+    return qt.data, qt.scales
+
+
+def nvfp4_quantize(x, global_amax=None, swizzled: bool = False, *, zero_scale: str = "zero"):
+    """NVFP4 (TransformerEngine recipe): blocks of 16, S_enc = 448*6/global_amax (1 without a
+    global amax), block scale s = e4m3_satfinite(amax * S_enc / 6),
+    q = e2m1_satfinite(x * min(1/(s/S_enc), FLT_MAX)); decode q * s / S_enc.
+    ``global_amax`` is the tensor's amax (a float or float32 [1] array), not FlashInfer's
+    global_scale (= S_enc). Returns (q uint8 [.., M, K/2], scales float8_e4m3fn row-major
+    [M, K/16] or 128x4 swizzled when ``swizzled``)."""
+    qt = quantize(x, "nvfp4", "blocked128x4" if swizzled else "row_major", global_amax=global_amax,
+                  zero_scale=zero_scale)
+    return qt.data, qt.scales
+
+
+def per_token_group_quant(x, group_size: int = 128, dtype="float8_e4m3fn", scale_ue8m0: bool = False,
+                          column_major_scales: bool = False, tma_aligned: bool = False, eps: float = 1e-10):
+    """Per-token-group quantization (vLLM / SGLang ``per_token_group_quant_fp8``): groups of
+    ``group_size`` consecutive elements of a row, s = max(amax, eps) / qmax (448 E4M3, 57344 E5M2,
+    7 INT4), q = sat_rne(x / s). ``scale_ue8m0``: s rounded up to a power of two and stored as
+    float8_e8m0fnu (one byte each; not packed four to an int32).
+    ``dtype``: float8_e4m3fn, float8_e5m2 or "int4" (packed uint8 [.., M, K/2]).
+    Scales: [.., M, K/G] row-major, or with ``column_major_scales`` a [.., M, K/G] view of
+    column-major storage [.., K/G, Mp] (strides (1, Mp); Mp = M, or with ``tma_aligned`` M rounded
+    up to 16 bytes: 4 fp32 / 16 UE8M0 scales)."""
+    op = "per_token_group_quant"
+    if isinstance(dtype, str) and dtype == "int4":
+        name = "int4"
+    else:
+        name = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}.get(dtype_name(dtype, op))
+        if name is None:
+            raise ValueError(f"{op}: argument 'dtype': expected float8_e4m3fn, float8_e5m2 or 'int4', got {dtype!r}")
+    f = Format(name, block=int(group_size), scale_dtype="ue8m0" if scale_ue8m0 else "float32", eps=eps)
+    if not column_major_scales:
+        qt = quantize(x, f)
+        return qt.data, qt.scales
+    row_align = (16 // (1 if scale_ue8m0 else 4)) if tma_aligned else 1
+    qt = quantize(x, f, "col_major", row_align=row_align)
+    M = int(qt.shape[-2])
+    be = Backend(qt.data)
+    return qt.data, be.transpose_last(qt.scales[..., :M])
+
+
+def block_scale_interleave(scales):
+    """Row-major scales [R, C] (or [L, R, C]) -> the 128x4 blocked layout
+    [round_up(R,128), round_up(C,4)] (FlashInfer ``block_scale_interleave``, torchao
+    ``to_blocked``): offset(r, c) = ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4,
+    padding zero."""
+    scales = as_array(scales, "block_scale_interleave", "scales", float_default=False)
+    if scales.ndim not in (2, 3):
+        raise ValueError(f"block_scale_interleave: argument 'scales': expected [R, C] or [L, R, C], "
+                         f"got shape {tuple(scales.shape)}")
+    R, C = int(scales.shape[-2]), int(scales.shape[-1])
+    return convert_scale_layout(scales, R, C, "row_major", "blocked128x4")
+
+
+def block_scale_deinterleave(scales, rows: int, cols: int):
+    """Inverse of block_scale_interleave: 128x4 blocked scales -> row-major [rows, cols]
+    ([L, rows, cols] for L matrices)."""
+    return convert_scale_layout(scales, rows, cols, "blocked128x4", "row_major")

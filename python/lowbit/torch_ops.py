@@ -1,0 +1,204 @@
+"""torch custom ops (namespace ``lowbit``) over the lowbit format ops, for torch.compile and
+CUDA graphs.
+
+Importing this module registers (torch >= 2.4):
+
+    torch.ops.lowbit.quantize(x, fmt, layout="row_major", block=0, rounding="", scale_dtype="",
+                              nibble_order="low", zero_scale="", eps=1e-10, row_align=1)
+        -> (q, scales, zeros)          zeros is an empty uint8 tensor unless fmt is "uint4"
+    torch.ops.lowbit.dequantize(q, scales, zeros, global_amax, fmt, layout="row_major", block=0,
+                                rounding="", scale_dtype="", nibble_order="low", zero_scale="",
+                                eps=1e-10, row_align=1, out_dtype=torch.float32) -> x
+    torch.ops.lowbit.mxfp8_quantize(x, swizzled=False, rounding="rceil") -> (q, scales)
+    torch.ops.lowbit.mxfp4_quantize(x, swizzled=False, rounding="rceil") -> (q, scales)
+    torch.ops.lowbit.nvfp4_quantize(x, global_amax=None, swizzled=False) -> (q, scales)
+    torch.ops.lowbit.per_token_group_quant(x, group_size=128, dtype="float8_e4m3fn",
+        scale_ue8m0=False, column_major_scales=False, tma_aligned=False, eps=1e-10) -> (q, scales)
+    torch.ops.lowbit.cast(x, dtype=torch.float8_e4m3fn, saturate=True) -> y
+    torch.ops.lowbit.block_scale_interleave(scales) -> scales_128x4
+    torch.ops.lowbit.block_scale_deinterleave(scales, rows, cols) -> scales_row_major
+
+Arguments, formulas and output dtypes are those of the lowbit functions of the same names
+(lowbit.quantize etc.; 0 / "" select a format's default block / rule / scale dtype). Every op
+allocates its outputs and launches on the current CUDA stream without a host synchronisation,
+so it can be captured in a CUDA graph; the fake (meta) implementations give the exact output
+shapes, dtypes and strides for torch.compile.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import ops as _ops
+from ._formats import Format, stored_scale_shape
+
+Tensor = torch.Tensor
+
+_CODE_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "uint8": torch.uint8}
+
+
+def _scale_torch_dtype(f: Format) -> torch.dtype:
+    return {"float32": torch.float32, "float8_e8m0fnu": torch.float8_e8m0fnu,
+            "float8_e4m3fn": torch.float8_e4m3fn}[f.scale_dtype]
+
+
+def _fmt(fmt: str, block: int, rounding: str, scale_dtype: str, nibble_order: str, zero_scale: str,
+         eps: float) -> Format:
+    kw = {"nibble_order": nibble_order, "eps": eps}
+    if block:
+        kw["block"] = block
+    if rounding:
+        kw["rounding"] = rounding
+    if scale_dtype:
+        kw["scale_dtype"] = scale_dtype
+    if zero_scale:
+        kw["zero_scale"] = zero_scale
+    return Format(fmt, **kw)
+
+
+def _fake_quant(x: Tensor, f: Format, layout: str, row_align: int = 1):
+    M, K = x.shape[-2], x.shape[-1]
+    lead = tuple(x.shape[:-1])
+    q = x.new_empty(lead + ((K // 2,) if f.packed else (K,)), dtype=_CODE_DTYPES[f.code_dtype])
+    rows, cols = stored_scale_shape(layout, M, K // f.block, row_align)
+    batch = tuple(x.shape[:-2])
+    s = x.new_empty(batch + (rows, cols), dtype=_scale_torch_dtype(f))
+    return q, s
+
+
+# ---------------------------------------------------------------------------------------------
+# generic quantize / dequantize
+
+@torch.library.custom_op("lowbit::quantize", mutates_args=())
+def quantize(x: Tensor, fmt: str, layout: str = "row_major", block: int = 0, rounding: str = "",
+             scale_dtype: str = "", nibble_order: str = "low", zero_scale: str = "", eps: float = 1e-10,
+             row_align: int = 1) -> Tuple[Tensor, Tensor, Tensor]:
+    f = _fmt(fmt, block, rounding, scale_dtype, nibble_order, zero_scale, eps)
+    qt = _ops.quantize(x, f, layout, row_align=row_align)
+    zeros = qt.zeros if qt.zeros is not None else x.new_empty((0,), dtype=torch.uint8)
+    return qt.data, qt.scales, zeros
+
+
+@quantize.register_fake
+def _(x, fmt, layout="row_major", block=0, rounding="", scale_dtype="", nibble_order="low", zero_scale="",
+      eps=1e-10, row_align=1):
+    f = _fmt(fmt, block, rounding, scale_dtype, nibble_order, zero_scale, eps)
+    q, s = _fake_quant(x, f, layout, row_align)
+    zeros = torch.empty_like(s, dtype=torch.uint8) if f.has_zero_point else x.new_empty((0,), dtype=torch.uint8)
+    return q, s, zeros
+
+
+@torch.library.custom_op("lowbit::dequantize", mutates_args=())
+def dequantize(q: Tensor, scales: Tensor, zeros: Optional[Tensor], global_amax: Optional[Tensor], fmt: str,
+               layout: str = "row_major", block: int = 0, rounding: str = "", scale_dtype: str = "",
+               nibble_order: str = "low", zero_scale: str = "", eps: float = 1e-10, row_align: int = 1,
+               out_dtype: torch.dtype = torch.float32) -> Tensor:
+    f = _fmt(fmt, block, rounding, scale_dtype, nibble_order, zero_scale, eps)
+    if zeros is not None and zeros.numel() == 0:
+        zeros = None
+    qt = _ops.Quantized(q, scales, zeros, global_amax, f, layout, None, row_align)
+    return _ops.dequantize(qt, out_dtype)
+
+
+@dequantize.register_fake
+def _(q, scales, zeros, global_amax, fmt, layout="row_major", block=0, rounding="", scale_dtype="",
+      nibble_order="low", zero_scale="", eps=1e-10, row_align=1, out_dtype=torch.float32):
+    f = _fmt(fmt, block, rounding, scale_dtype, nibble_order, zero_scale, eps)
+    shape = tuple(q.shape[:-1]) + ((q.shape[-1] * 2,) if f.packed else (q.shape[-1],))
+    return q.new_empty(shape, dtype=out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# familiar entry points
+
+@torch.library.custom_op("lowbit::mxfp8_quantize", mutates_args=())
+def mxfp8_quantize(x: Tensor, swizzled: bool = False, rounding: str = "rceil") -> Tuple[Tensor, Tensor]:
+    return _ops.mxfp8_quantize(x, swizzled, rounding)
+
+
+@mxfp8_quantize.register_fake
+def _(x, swizzled=False, rounding="rceil"):
+    return _fake_quant(x, Format("mxfp8_e4m3", rounding=rounding), "blocked128x4" if swizzled else "row_major")
+
+
+@torch.library.custom_op("lowbit::mxfp4_quantize", mutates_args=())
+def mxfp4_quantize(x: Tensor, swizzled: bool = False, rounding: str = "rceil") -> Tuple[Tensor, Tensor]:
+    return _ops.mxfp4_quantize(x, swizzled, rounding)
+
+
+@mxfp4_quantize.register_fake
+def _(x, swizzled=False, rounding="rceil"):
+    return _fake_quant(x, Format("mxfp4", rounding=rounding), "blocked128x4" if swizzled else "row_major")
+
+
+@torch.library.custom_op("lowbit::nvfp4_quantize", mutates_args=())
+def nvfp4_quantize(x: Tensor, global_amax: Optional[Tensor] = None, swizzled: bool = False) -> Tuple[Tensor, Tensor]:
+    return _ops.nvfp4_quantize(x, global_amax, swizzled)
+
+
+@nvfp4_quantize.register_fake
+def _(x, global_amax=None, swizzled=False):
+    return _fake_quant(x, Format("nvfp4"), "blocked128x4" if swizzled else "row_major")
+
+
+def _ptg_format(group_size: int, dtype: str, scale_ue8m0: bool, eps: float) -> Format:
+    name = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "int4": "int4"}.get(dtype)
+    if name is None:
+        raise ValueError(f"per_token_group_quant: argument 'dtype': expected float8_e4m3fn, float8_e5m2 or int4, "
+                         f"got {dtype!r}")
+    return Format(name, block=group_size, scale_dtype="ue8m0" if scale_ue8m0 else "float32", eps=eps)
+
+
+@torch.library.custom_op("lowbit::per_token_group_quant", mutates_args=())
+def per_token_group_quant(x: Tensor, group_size: int = 128, dtype: str = "float8_e4m3fn", scale_ue8m0: bool = False,
+                          column_major_scales: bool = False, tma_aligned: bool = False,
+                          eps: float = 1e-10) -> Tuple[Tensor, Tensor]:
+    _ptg_format(group_size, dtype, scale_ue8m0, eps)
+    return _ops.per_token_group_quant(x, group_size, dtype, scale_ue8m0, column_major_scales, tma_aligned, eps)
+
+
+@per_token_group_quant.register_fake
+def _(x, group_size=128, dtype="float8_e4m3fn", scale_ue8m0=False, column_major_scales=False, tma_aligned=False,
+      eps=1e-10):
+    f = _ptg_format(group_size, dtype, scale_ue8m0, eps)
+    if not column_major_scales:
+        return _fake_quant(x, f, "row_major")
+    row_align = (16 // (1 if scale_ue8m0 else 4)) if tma_aligned else 1
+    q, s = _fake_quant(x, f, "col_major", row_align)
+    return q, s[..., : x.shape[-2]].transpose(-1, -2)
+
+
+@torch.library.custom_op("lowbit::cast", mutates_args=())
+def cast(x: Tensor, dtype: torch.dtype = torch.float8_e4m3fn, saturate: bool = True) -> Tensor:
+    return _ops.cast(x, dtype, saturate)
+
+
+@cast.register_fake
+def _(x, dtype=torch.float8_e4m3fn, saturate=True):
+    return x.new_empty(x.shape, dtype=dtype)
+
+
+@torch.library.custom_op("lowbit::block_scale_interleave", mutates_args=())
+def block_scale_interleave(scales: Tensor) -> Tensor:
+    return _ops.block_scale_interleave(scales)
+
+
+@block_scale_interleave.register_fake
+def _(scales):
+    rows, cols = stored_scale_shape("blocked128x4", scales.shape[-2], scales.shape[-1])
+    return scales.new_empty(tuple(scales.shape[:-2]) + (rows, cols))
+
+
+@torch.library.custom_op("lowbit::block_scale_deinterleave", mutates_args=())
+def block_scale_deinterleave(scales: Tensor, rows: int, cols: int) -> Tensor:
+    return _ops.block_scale_deinterleave(scales, rows, cols)
+
+
+@block_scale_deinterleave.register_fake
+def _(scales, rows, cols):
+    rp, cp = stored_scale_shape("blocked128x4", rows, cols)
+    L = scales.numel() // (rp * cp)
+    batched = scales.dim() == 3 or L > 1
+    return scales.new_empty(((L,) if batched else ()) + (rows, cols))

@@ -1,0 +1,350 @@
+// python/src/bindings.cpp: the nanobind module lowbit._C. Registration and conversion only:
+// every function converts its arrays (any DLPack producer: NumPy, torch, CuPy, JAX; CPU or
+// CUDA) plus an explicit lowbit DType into lowbit::TensorView, releases the GIL and calls the
+// C++ API of include/lowbit/ops.hpp, which validates and computes. The Python layer
+// (python/lowbit) allocates outputs and passes dtypes explicitly, because NumPy cannot export
+// the ml_dtypes types through DLPack and packed fp4 exports are fragile: it passes
+// same-itemsize views (bf16 as uint16/int16, fp8 and fp4x2 as uint8) and the real dtype.
+//
+// Errors: lowbit::ArgumentError -> ValueError, NotSupportedError -> NotImplementedError,
+// CudaError (and any other lowbit::Error) -> RuntimeError, messages kept.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "lowbit/error.hpp"
+#include "lowbit/format.hpp"
+#include "lowbit/ops.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using Array = nb::ndarray<nb::ro>;  // any dtype, any device, read-only accepted
+using OptArray = std::optional<Array>;
+
+lowbit::TensorView to_view(const Array& a, lowbit::DType t, const char* op, const char* arg) {
+  lowbit::TensorView v;
+  const auto dt = a.dtype();
+  const int64_t item_bits = int64_t(dt.bits) * int64_t(dt.lanes);
+  if (item_bits != 8 * int64_t(lowbit::dtype_bytes(t)))
+    throw lowbit::ArgumentError(op, arg,
+                                std::string("the array's element size (") + std::to_string(item_bits) +
+                                    " bits) does not match the declared dtype " + lowbit::dtype_name(t));
+  if (a.ndim() > size_t(lowbit::kMaxDims))
+    throw lowbit::ArgumentError(op, arg, "has more than 8 dimensions");
+  v.data = const_cast<void*>(a.data());
+  v.dtype = t;
+  v.ndim = int32_t(a.ndim());
+  for (size_t d = 0; d < a.ndim(); ++d) {
+    v.shape[d] = int64_t(a.shape(d));
+    v.strides[d] = int64_t(a.stride(d));
+  }
+  const int dev = a.device_type();
+  if (dev == nb::device::cpu::value || dev == nb::device::cuda_host::value) {
+    v.device = lowbit::Device::kCPU;
+    v.device_id = 0;
+  } else if (dev == nb::device::cuda::value || dev == nb::device::cuda_managed::value) {
+    v.device = lowbit::Device::kCUDA;
+    v.device_id = a.device_id();
+  } else {
+    throw lowbit::ArgumentError(op, arg, "expected a CPU or CUDA array, got DLPack device type " + std::to_string(dev));
+  }
+  return v;
+}
+
+/// The lowbit dtype of an array from its DLPack type (for arguments of standard dtypes).
+lowbit::DType infer_dtype(const Array& a, const char* op, const char* arg) {
+  const auto dt = a.dtype();
+  lowbit::DType t;
+  if (!lowbit::from_dlpack({dt.code, dt.bits, dt.lanes}, &t))
+    throw lowbit::ArgumentError(op, arg,
+                                "unsupported DLPack dtype (code " + std::to_string(int(dt.code)) + ", bits " +
+                                    std::to_string(int(dt.bits)) + ", lanes " + std::to_string(int(dt.lanes)) + ")");
+  return t;
+}
+
+lowbit::TensorView opt_view(const OptArray& a, const char* op, const char* arg) {
+  if (!a) return {};
+  return to_view(*a, infer_dtype(*a, op, arg), op, arg);
+}
+
+lowbit::BlockFormat make_format(lowbit::Elem elem, int32_t block, lowbit::ScaleType scale_type, lowbit::ScaleRule rule,
+                                lowbit::NibbleOrder nibbles, lowbit::ZeroScale zero_scale, float eps) {
+  lowbit::BlockFormat f;
+  f.elem = elem;
+  f.block = block;
+  f.scale_type = scale_type;
+  f.rule = rule;
+  f.nibbles = nibbles;
+  f.zero_scale = zero_scale;
+  f.eps = eps;
+  return f;
+}
+
+lowbit::ScaleLayout make_layout(lowbit::ScaleLayoutKind kind, int32_t row_align, lowbit::GroupPad pad) {
+  lowbit::ScaleLayout l;
+  l.kind = kind;
+  l.row_align = row_align;
+  l.group_pad = pad;
+  return l;
+}
+
+lowbit::Stream make_stream(uintptr_t s) { return lowbit::Stream{reinterpret_cast<void*>(s)}; }
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "lowbit C++ core (nanobind). Use the `lowbit` package, not this module directly.";
+  m.attr("__version__") = LOWBIT_VERSION_STRING;
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const lowbit::ArgumentError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const lowbit::NotSupportedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
+    } catch (const lowbit::Error& e) {  // CudaError and internal checks
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  // --- enums (values mirror the C++ enums) ------------------------------------------------
+  nb::enum_<lowbit::DType>(m, "DType")
+      .value("float32", lowbit::DType::kFloat32)
+      .value("float16", lowbit::DType::kFloat16)
+      .value("bfloat16", lowbit::DType::kBFloat16)
+      .value("float64", lowbit::DType::kFloat64)
+      .value("float8_e4m3fn", lowbit::DType::kE4M3)
+      .value("float8_e5m2", lowbit::DType::kE5M2)
+      .value("float8_e8m0fnu", lowbit::DType::kUE8M0)
+      .value("float4_e2m1fn_x2", lowbit::DType::kFloat4E2M1x2)
+      .value("uint8", lowbit::DType::kUInt8)
+      .value("int8", lowbit::DType::kInt8)
+      .value("int16", lowbit::DType::kInt16)
+      .value("int32", lowbit::DType::kInt32)
+      .value("int64", lowbit::DType::kInt64);
+  nb::enum_<lowbit::Elem>(m, "Elem")
+      .value("e4m3", lowbit::Elem::kE4M3)
+      .value("e5m2", lowbit::Elem::kE5M2)
+      .value("e2m1", lowbit::Elem::kE2M1)
+      .value("int4", lowbit::Elem::kInt4)
+      .value("uint4", lowbit::Elem::kUInt4)
+      .value("nf4", lowbit::Elem::kNF4);
+  nb::enum_<lowbit::ScaleType>(m, "ScaleType")
+      .value("f32", lowbit::ScaleType::kF32)
+      .value("ue8m0", lowbit::ScaleType::kUE8M0)
+      .value("e4m3", lowbit::ScaleType::kE4M3);
+  nb::enum_<lowbit::ScaleRule>(m, "ScaleRule")
+      .value("amax", lowbit::ScaleRule::kAmax)
+      .value("minmax", lowbit::ScaleRule::kMinMax)
+      .value("mx_floor", lowbit::ScaleRule::kMxFloor)
+      .value("mx_rceil", lowbit::ScaleRule::kMxRceil)
+      .value("nvfp4", lowbit::ScaleRule::kNvfp4)
+      .value("absmax", lowbit::ScaleRule::kAbsmax);
+  nb::enum_<lowbit::NibbleOrder>(m, "NibbleOrder")
+      .value("low", lowbit::NibbleOrder::kLowFirst)
+      .value("high", lowbit::NibbleOrder::kHighFirst);
+  nb::enum_<lowbit::ZeroScale>(m, "ZeroScale")
+      .value("zero", lowbit::ZeroScale::kZero)
+      .value("min", lowbit::ZeroScale::kMinSubnormal)
+      .value("one", lowbit::ZeroScale::kOne);
+  nb::enum_<lowbit::ScaleLayoutKind>(m, "ScaleLayoutKind")
+      .value("row_major", lowbit::ScaleLayoutKind::kRowMajor)
+      .value("col_major", lowbit::ScaleLayoutKind::kColMajor)
+      .value("blocked128x4", lowbit::ScaleLayoutKind::kBlocked128x4)
+      .value("blocked8x4", lowbit::ScaleLayoutKind::kBlocked8x4);
+  nb::enum_<lowbit::GroupPad>(m, "GroupPad")
+      .value("none", lowbit::GroupPad::kNone)
+      .value("flashinfer", lowbit::GroupPad::kFlashInfer)
+      .value("cumsum", lowbit::GroupPad::kCumsum);
+  nb::enum_<lowbit::Saturate>(m, "Saturate")
+      .value("finite", lowbit::Saturate::kFinite)
+      .value("none", lowbit::Saturate::kNone);
+
+  // --- format descriptors ---------------------------------------------------------------------
+  m.def(
+      "validate_format",
+      [](lowbit::Elem elem, int32_t block, lowbit::ScaleType st, lowbit::ScaleRule rule, lowbit::NibbleOrder nib,
+         lowbit::ZeroScale zs, float eps) { lowbit::validate_format(make_format(elem, block, st, rule, nib, zs, eps), "Format"); },
+      "elem"_a, "block"_a, "scale_type"_a, "rule"_a, "nibbles"_a, "zero_scale"_a, "eps"_a,
+      "Raises ValueError unless the fields describe a format lowbit implements.");
+  m.def(
+      "format_name",
+      [](lowbit::Elem elem, int32_t block, lowbit::ScaleType st, lowbit::ScaleRule rule, lowbit::NibbleOrder nib,
+         lowbit::ZeroScale zs, float eps) { return lowbit::format_name(make_format(elem, block, st, rule, nib, zs, eps)); },
+      "elem"_a, "block"_a, "scale_type"_a, "rule"_a, "nibbles"_a, "zero_scale"_a, "eps"_a);
+  m.def("dtype_bytes", [](lowbit::DType t) { return lowbit::dtype_bytes(t); }, "dtype"_a);
+
+  m.def(
+      "scale_shape",
+      [](lowbit::Elem elem, int32_t block, lowbit::ScaleType st, lowbit::ScaleRule rule, lowbit::NibbleOrder nib,
+         lowbit::ZeroScale zs, float eps, lowbit::ScaleLayoutKind kind, int32_t row_align, lowbit::GroupPad pad, int64_t L,
+         int64_t M, int64_t K, int64_t groups) {
+        return lowbit::scale_shape(make_format(elem, block, st, rule, nib, zs, eps), make_layout(kind, row_align, pad), L, M, K,
+                                   groups);
+      },
+      "elem"_a, "block"_a, "scale_type"_a, "rule"_a, "nibbles"_a, "zero_scale"_a, "eps"_a, "layout"_a, "row_align"_a,
+      "group_pad"_a, "L"_a, "M"_a, "K"_a, "groups"_a = 0,
+      "[L, rows, cols] of the stored scale matrices for a [L, M, K] input (column-major: [L, K/block, Mp]).");
+
+  // --- ops -------------------------------------------------------------------------------------
+  m.def(
+      "quantize",
+      [](const Array& x, lowbit::DType x_dtype, const Array& q, lowbit::DType q_dtype, const Array& scales,
+         lowbit::DType scales_dtype, lowbit::Elem elem, int32_t block, lowbit::ScaleType st, lowbit::ScaleRule rule,
+         lowbit::NibbleOrder nib, lowbit::ZeroScale zs, float eps, lowbit::ScaleLayoutKind kind, int32_t row_align,
+         lowbit::GroupPad pad, const OptArray& zeros, const OptArray& global_amax, bool compute_global_amax,
+         const OptArray& m_indptr, uintptr_t stream) {
+        const char* op = "quantize";
+        const lowbit::TensorView xv = to_view(x, x_dtype, op, "x"), qv = to_view(q, q_dtype, op, "q"),
+                                 sv = to_view(scales, scales_dtype, op, "scales");
+        lowbit::QuantArgs args;
+        args.zeros = opt_view(zeros, op, "zeros");
+        args.global_amax = opt_view(global_amax, op, "global_amax");
+        args.compute_global_amax = compute_global_amax;
+        args.m_indptr = opt_view(m_indptr, op, "m_indptr");
+        const auto f = make_format(elem, block, st, rule, nib, zs, eps);
+        const auto l = make_layout(kind, row_align, pad);
+        nb::gil_scoped_release release;
+        lowbit::quantize(xv, f, l, qv, sv, args, make_stream(stream));
+      },
+      "x"_a, "x_dtype"_a, "q"_a, "q_dtype"_a, "scales"_a, "scales_dtype"_a, "elem"_a, "block"_a, "scale_type"_a, "rule"_a,
+      "nibbles"_a, "zero_scale"_a, "eps"_a, "layout"_a, "row_align"_a, "group_pad"_a, "zeros"_a.none() = nb::none(),
+      "global_amax"_a.none() = nb::none(), "compute_global_amax"_a = false, "m_indptr"_a.none() = nb::none(),
+      "stream"_a = 0, "q, scales (, zeros) = quantize(x) into caller-allocated outputs (lowbit::quantize).");
+
+  m.def(
+      "dequantize",
+      [](const Array& q, lowbit::DType q_dtype, const Array& scales, lowbit::DType scales_dtype, const Array& out,
+         lowbit::DType out_dtype, lowbit::Elem elem, int32_t block, lowbit::ScaleType st, lowbit::ScaleRule rule,
+         lowbit::NibbleOrder nib, lowbit::ZeroScale zs, float eps, lowbit::ScaleLayoutKind kind, int32_t row_align,
+         lowbit::GroupPad pad, const OptArray& zeros, const OptArray& global_amax, const OptArray& m_indptr,
+         uintptr_t stream) {
+        const char* op = "dequantize";
+        const lowbit::TensorView qv = to_view(q, q_dtype, op, "q"), sv = to_view(scales, scales_dtype, op, "scales"),
+                                 ov = to_view(out, out_dtype, op, "out");
+        lowbit::QuantArgs args;
+        args.zeros = opt_view(zeros, op, "zeros");
+        args.global_amax = opt_view(global_amax, op, "global_amax");
+        args.m_indptr = opt_view(m_indptr, op, "m_indptr");
+        const auto f = make_format(elem, block, st, rule, nib, zs, eps);
+        const auto l = make_layout(kind, row_align, pad);
+        nb::gil_scoped_release release;
+        lowbit::dequantize(qv, sv, f, l, ov, args, make_stream(stream));
+      },
+      "q"_a, "q_dtype"_a, "scales"_a, "scales_dtype"_a, "out"_a, "out_dtype"_a, "elem"_a, "block"_a, "scale_type"_a,
+      "rule"_a, "nibbles"_a, "zero_scale"_a, "eps"_a, "layout"_a, "row_align"_a, "group_pad"_a,
+      "zeros"_a.none() = nb::none(), "global_amax"_a.none() = nb::none(), "m_indptr"_a.none() = nb::none(),
+      "stream"_a = 0, "out = dequantize(q, scales) (lowbit::dequantize).");
+
+  m.def(
+      "transcode",
+      [](const Array& q, lowbit::DType q_dtype, const Array& out, lowbit::DType out_dtype, lowbit::Elem elem, int32_t block,
+         lowbit::ScaleType st, lowbit::ScaleRule rule, lowbit::NibbleOrder nib, lowbit::ZeroScale zs, float eps,
+         const OptArray& zeros, uintptr_t stream) {
+        const char* op = "transcode";
+        const lowbit::TensorView qv = to_view(q, q_dtype, op, "q"), ov = to_view(out, out_dtype, op, "out");
+        lowbit::QuantArgs args;
+        args.zeros = opt_view(zeros, op, "zeros");
+        const auto f = make_format(elem, block, st, rule, nib, zs, eps);
+        nb::gil_scoped_release release;
+        lowbit::transcode(qv, f, ov, args, make_stream(stream));
+      },
+      "q"_a, "q_dtype"_a, "out"_a, "out_dtype"_a, "elem"_a, "block"_a, "scale_type"_a, "rule"_a, "nibbles"_a,
+      "zero_scale"_a, "eps"_a, "zeros"_a.none() = nb::none(), "stream"_a = 0,
+      "Exact INT4 / UINT4 / E2M1 codes -> FP8 codes (lowbit::transcode).");
+
+  m.def(
+      "cast",
+      [](const Array& x, lowbit::DType x_dtype, const Array& out, lowbit::DType out_dtype, lowbit::Saturate sat,
+         uintptr_t stream) {
+        const lowbit::TensorView xv = to_view(x, x_dtype, "cast", "x"), ov = to_view(out, out_dtype, "cast", "out");
+        nb::gil_scoped_release release;
+        lowbit::cast(xv, ov, sat, make_stream(stream));
+      },
+      "x"_a, "x_dtype"_a, "out"_a, "out_dtype"_a, "saturate"_a, "stream"_a = 0, "out = cast(x) elementwise (lowbit::cast).");
+
+  m.def(
+      "convert_scale_layout",
+      [](const Array& in, const Array& out, lowbit::DType dtype, lowbit::ScaleLayoutKind src, int32_t src_row_align,
+         lowbit::GroupPad src_pad, lowbit::ScaleLayoutKind dst, int32_t dst_row_align, lowbit::GroupPad dst_pad, int64_t R,
+         int64_t C, const OptArray& m_indptr, uintptr_t stream) {
+        const char* op = "convert_scale_layout";
+        const lowbit::TensorView iv = to_view(in, dtype, op, "in"), ov = to_view(out, dtype, op, "out");
+        const lowbit::TensorView mv = opt_view(m_indptr, op, "m_indptr");
+        const auto from = make_layout(src, src_row_align, src_pad), to = make_layout(dst, dst_row_align, dst_pad);
+        nb::gil_scoped_release release;
+        lowbit::convert_scale_layout(iv, from, ov, to, R, C, mv, make_stream(stream));
+      },
+      "in"_a, "out"_a, "dtype"_a, "src"_a, "src_row_align"_a, "src_group_pad"_a, "dst"_a, "dst_row_align"_a,
+      "dst_group_pad"_a, "R"_a, "C"_a, "m_indptr"_a.none() = nb::none(), "stream"_a = 0,
+      "Copies L stored R x C scale matrices from one layout to another (lowbit::convert_scale_layout).");
+
+  m.def(
+      "tensor_amax",
+      [](const Array& x, lowbit::DType x_dtype, const Array& out, uintptr_t stream) {
+        const lowbit::TensorView xv = to_view(x, x_dtype, "tensor_amax", "x");
+        const lowbit::TensorView ov = to_view(out, lowbit::DType::kFloat32, "tensor_amax", "out");
+        nb::gil_scoped_release release;
+        lowbit::tensor_amax(xv, ov, make_stream(stream));
+      },
+      "x"_a, "x_dtype"_a, "out"_a, "stream"_a = 0, "out[0] = max(|x|) (NaN propagates) (lowbit::tensor_amax).");
+
+  m.def(
+      "nf4_kcache_quantize",
+      [](const Array& k, lowbit::DType k_dtype, const Array& codes, const Array& scale, const Array& residual,
+         lowbit::DType residual_dtype, lowbit::NibbleOrder nib, uintptr_t stream) {
+        const char* op = "nf4_kcache_quantize";
+        const lowbit::TensorView kv = to_view(k, k_dtype, op, "k"), cv = to_view(codes, lowbit::DType::kUInt8, op, "codes"),
+                                 sv = to_view(scale, lowbit::DType::kFloat32, op, "scale"),
+                                 rv = to_view(residual, residual_dtype, op, "residual");
+        nb::gil_scoped_release release;
+        lowbit::nf4_kcache_quantize(kv, cv, sv, rv, nib, make_stream(stream));
+      },
+      "k"_a, "k_dtype"_a, "codes"_a, "scale"_a, "residual"_a, "residual_dtype"_a, "nibbles"_a, "stream"_a = 0,
+      "NF4 K cache with FP8 residual (lowbit::nf4_kcache_quantize).");
+
+  m.def(
+      "nf4_kcache_dequantize",
+      [](const Array& codes, const Array& scale, const OptArray& residual, lowbit::DType residual_dtype, const Array& out,
+         lowbit::DType out_dtype, lowbit::NibbleOrder nib, uintptr_t stream) {
+        const char* op = "nf4_kcache_dequantize";
+        const lowbit::TensorView cv = to_view(codes, lowbit::DType::kUInt8, op, "codes"),
+                                 sv = to_view(scale, lowbit::DType::kFloat32, op, "scale"),
+                                 ov = to_view(out, out_dtype, op, "out");
+        const lowbit::TensorView rv = residual ? to_view(*residual, residual_dtype, op, "residual") : lowbit::TensorView{};
+        nb::gil_scoped_release release;
+        lowbit::nf4_kcache_dequantize(cv, sv, rv, ov, nib, make_stream(stream));
+      },
+      "codes"_a, "scale"_a, "residual"_a.none(), "residual_dtype"_a, "out"_a, "out_dtype"_a, "nibbles"_a, "stream"_a = 0,
+      "out = nf4[code] * scale (+ residual) (lowbit::nf4_kcache_dequantize).");
+
+  m.def(
+      "build_info",
+      []() {
+        lowbit::BuildInfo b;
+        {
+          nb::gil_scoped_release release;
+          b = lowbit::build_info();
+        }
+        nb::dict d;
+        d["version"] = b.version;
+        d["cuda_built"] = b.cuda_built;
+        d["cuda_runtime_version"] = b.cuda_runtime_version;
+        d["device_count"] = b.device_count;
+        d["device_name"] = b.device_name;
+        d["sm"] = b.sm;
+        d["cuda_ops"] = b.cuda_ops;
+        return d;
+      },
+      "dict: version, cuda_built, cuda_runtime_version, device_count, device_name, sm, cuda_ops.");
+}
