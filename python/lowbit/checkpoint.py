@@ -15,14 +15,21 @@ for the converted gpt-oss experts) is replaced by:
 and the safetensors `__metadata__` gets one key, "lowbit", whose value is a JSON object
 
     {"version": 1, "producer": "lowbit 0.1.0",
-     "tensors": {"W": {"format": "nvfp4", "block": 16, "layout": "row_major",
-                       "nibble_order": "low", "rounding": null, "scale_dtype": "e4m3",
-                       "shape": [M, K], "dtype": "BF16",
+     "tensors": {"W": {"format": "nvfp4", "block": 16, "layout": "row_major", "row_align": 1,
+                       "nibble_order": "low", "rounding": null, "scale_dtype": "float8_e4m3fn",
+                       "zero_scale": "zero", "shape": [M, K], "dtype": "BF16",
                        "qdata": "W.qdata", "scale": "W.scale", "zero": null,
-                       "global_amax": "W.global_amax"}}}
+                       "global_amax": "W.global_amax",
+                       "format_kwargs": {"block": 16, "nibble_order": "low", "zero_scale": "zero"}}}}
 
-`format` is a lowbit.Format name; `dtype` the safetensors dtype of the original tensor. Every
-other tensor is copied byte for byte, and existing metadata keys are kept.
+`format` is a lowbit.Format name and `format_kwargs` its keyword arguments
+(lowbit.Format(format, **format_kwargs) rebuilds it; the fields before it say the same for a
+reader without lowbit); `rounding` is the MX scale rule (null otherwise), `nibble_order` null for
+the 8-bit formats; `shape` and `dtype` (safetensors name) are those of the original tensor. The
+value decodes as lowbit.dequantize(lowbit.Quantized(qdata, scale, zero, global_amax, format,
+layout, shape)). Every other tensor is copied byte for byte, and existing metadata keys are kept.
+Converted gpt-oss experts use the same scheme with a 3-D shape [experts, rows, K] (one matrix per
+expert; "source": "gpt-oss").
 """
 
 from __future__ import annotations

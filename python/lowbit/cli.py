@@ -14,8 +14,9 @@ block by
     W.global_amax  nvfp4: float32 [1] per-tensor amax
 
 and records each one under the "lowbit" key of the safetensors __metadata__ (a JSON object:
-{"version": 1, "producer": ..., "tensors": {"W": {"format", "block", "layout", "nibble_order",
-"rounding", "scale_dtype", "shape", "dtype", "qdata", "scale", "zero", "global_amax"}}}), enough
+{"version": 1, "producer": ..., "tensors": {"W": {"format", "block", "layout", "row_align",
+"nibble_order", "rounding", "scale_dtype", "zero_scale", "shape", "dtype", "qdata", "scale", "zero",
+"global_amax", "format_kwargs"}}}), enough
 for `lowbit dequantize` or any loader to reverse it. Every other tensor is copied unchanged and
 the table says why. See lowbit/checkpoint.py for the full description.
 
@@ -54,8 +55,10 @@ output tensors, for each quantized tensor W [M, K]:
   W.zero         uint4 only: uint8 zero points (same layout as W.scale)
   W.global_amax  nvfp4 only: float32 [1]
 metadata: __metadata__["lowbit"] = JSON {"version": 1, "producer": "lowbit X.Y.Z",
-  "tensors": {"W": {"format", "block", "layout", "nibble_order", "rounding", "scale_dtype",
-  "shape", "dtype", "qdata", "scale", "zero", "global_amax"}}}; other metadata keys are kept.
+  "tensors": {"W": {"format", "block", "layout", "row_align", "nibble_order", "rounding",
+  "scale_dtype", "zero_scale", "shape", "dtype", "qdata", "scale", "zero", "global_amax",
+  "format_kwargs"}}}: "format" + "format_kwargs" rebuild the lowbit.Format, "shape"/"dtype" are
+  the original tensor's; other metadata keys are kept. `lowbit dequantize` reverses it.
 
 Only 2-D F32/F16/BF16 tensors whose last dimension is a multiple of the block are quantized;
 every other tensor is copied unchanged and the table lists why.

@@ -380,7 +380,8 @@ def _fp4_decode(blocks, scales):
     mag = np.where(e == 0, m * 0.5, (1 + m / 2) * 2.0 ** (e.astype(np.float64) - 1))
     val = np.where(codes & 8, -mag, mag) * 2.0 ** (scales.astype(np.float64)[..., None] - 127)
     val = np.where(scales[..., None] == 255, np.nan, val)
-    return val.reshape(blocks.shape[:-2] + (-1,)).astype(np.float32)
+    with np.errstate(over="ignore"):  # 6 * 2^127 -> inf in float32
+        return val.reshape(blocks.shape[:-2] + (-1,)).astype(np.float32)
 
 
 @pytest.fixture

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The main job: install lowbit into a virtual environment and quantize a checkpoint.
+#
+#   bash scripts/main.sh                         # demo: generate ./out/demo.safetensors (one bf16
+#                                                # transformer layer) and quantize it to NVFP4 and MXFP4
+#   bash scripts/main.sh IN.safetensors [FORMAT] # quantize IN to IN-minus-.safetensors.FORMAT.safetensors
+#                                                # FORMAT: nvfp4 (default) mxfp4 mxfp8 mxfp8-e5m2
+#                                                #         fp8-group int4 uint4 nf4
+#
+# Works on a fresh Debian/Ubuntu machine with python3, pip, cmake, ninja and g++ (missing Debian
+# packages are installed with apt-get when possible); the Python packages come from PyPI. With
+# nvcc the CUDA kernels are built too, and with a usable GPU (and torch, installed here when a GPU
+# is seen) `lowbit quantize` runs on the device; otherwise on the CPU reference.
+#
+# Environment: LOWBIT_VENV (default .venv), LOWBIT_BUILD_DIR (default build/main),
+# LOWBIT_ENABLE_CUDA=OFF to skip the CUDA kernels even where nvcc exists,
+# LOWBIT_WITH_TORCH=auto|1|0 (install torch: auto = only when nvidia-smi sees a GPU),
+# LOWBIT_QUANTIZE_ARGS (extra arguments of `lowbit quantize`, e.g. "--scale-layout blocked128x4").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+venv=${LOWBIT_VENV:-$root/.venv}
+build=${LOWBIT_BUILD_DIR:-$root/build/main}
+cuda=${LOWBIT_ENABLE_CUDA:-ON}
+with_torch=${LOWBIT_WITH_TORCH:-auto}
+extra_args=${LOWBIT_QUANTIZE_ARGS:-}
+
+input=${1:-}
+format=${2:-nvfp4}
+if [ -n "$input" ]; then
+  case "$input" in
+    *.safetensors) ;;
+    *) echo "main.sh: error: $input: expected a .safetensors file" >&2; exit 2 ;;
+  esac
+  if [ ! -f "$input" ]; then echo "main.sh: error: $input: no such file" >&2; exit 2; fi
+  input=$(cd "$(dirname "$input")" && pwd)/$(basename "$input")
+fi
+case "$format" in
+  nvfp4|mxfp4|mxfp8|mxfp8-e5m2|fp8-group|int4|uint4|nf4) ;;
+  *) echo "main.sh: error: unknown format '$format' (nvfp4 mxfp4 mxfp8 mxfp8-e5m2 fp8-group int4 uint4 nf4)" >&2
+     exit 2 ;;
+esac
+
+gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
+
+# 1. Debian packages (only what is missing; needs root or sudo).
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v g++ >/dev/null || need+=(g++)
+python3 -c "import venv, ensurepip" 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== installing Debian packages: ${need[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd=sudo
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}"
+fi
+
+# 2. Python environment (PyPI).
+if [ ! -x "$venv/bin/python" ]; then
+  echo "== creating $venv"
+  python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+"$py" -m pip install -q --upgrade pip
+"$py" -m pip install -q "numpy" "ml_dtypes>=0.5" "nanobind>=2.10" "scikit-build-core>=0.10"
+if [ "$cuda" = "ON" ] && command -v nvcc >/dev/null 2>&1; then
+  "$py" -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"   # CuTe headers for the kernels
+fi
+if [ "$with_torch" = "1" ] || { [ "$with_torch" = "auto" ] && [ "$gpu" = "1" ]; }; then
+  "$py" -c "import torch" 2>/dev/null || { echo "== installing torch"; "$py" -m pip install -q torch; }
+fi
+
+# 3. Build and install lowbit (CUDA kernels when nvcc is found and LOWBIT_ENABLE_CUDA=ON).
+echo "== building lowbit (CUDA kernels: $cuda where nvcc exists; build dir $build)"
+"$py" -m pip install -q --no-build-isolation "$root" \
+  -Cbuild-dir="$build" \
+  -Ccmake.define.LOWBIT_ENABLE_CUDA="$cuda" \
+  -Ccmake.define.Python3_EXECUTABLE="$py"
+lowbit="$venv/bin/lowbit"
+
+# 4. The job. Run from outside the source tree so the installed package is the one imported.
+cd "$root"
+mkdir -p out
+echo
+echo "== lowbit info"
+(cd out && "$lowbit" info)
+
+if [ -n "$input" ]; then
+  output="${input%.safetensors}.$format.safetensors"
+  echo
+  echo "== lowbit quantize $input -> $output ($format)"
+  # shellcheck disable=SC2086
+  (cd out && "$lowbit" quantize "$input" "$output" --format "$format" $extra_args)
+  exit 0
+fi
+
+demo="$root/out/demo.safetensors"
+if [ ! -f "$demo" ]; then
+  echo
+  echo "== generating $demo (one bf16 transformer layer: hidden 2048, MLP 5632)"
+  (cd out && "$py" - "$demo" <<'EOF'
+import sys
+
+import ml_dtypes
+import numpy as np
+
+from lowbit import safetensors_io
+
+H, I = 2048, 5632
+rng = np.random.default_rng(0)
+
+
+def weight(rows, cols):
+    w = rng.standard_normal((rows, cols), dtype=np.float32)
+    w *= np.float32(cols ** -0.5)
+    w[:, rng.integers(0, cols, 8)] *= np.float32(8.0)  # a few outlier input channels
+    return w.astype(ml_dtypes.bfloat16)
+
+
+p = "model.layers.0."
+tensors = {p + "input_layernorm.weight": np.ones(H, ml_dtypes.bfloat16)}
+for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+    tensors[p + "self_attn." + name + ".weight"] = weight(H, H)
+tensors[p + "post_attention_layernorm.weight"] = np.ones(H, ml_dtypes.bfloat16)
+tensors[p + "mlp.gate_proj.weight"] = weight(I, H)
+tensors[p + "mlp.up_proj.weight"] = weight(I, H)
+tensors[p + "mlp.down_proj.weight"] = weight(H, I)
+size = safetensors_io.save(sys.argv[1], tensors, {"format": "pt"})
+print(f"wrote {sys.argv[1]} ({size / 2**20:.1f} MiB, {len(tensors)} tensors)")
+EOF
+  )
+fi
+
+for fmt in nvfp4 mxfp4; do
+  echo
+  echo "== lowbit quantize out/demo.safetensors -> out/demo.$fmt.safetensors ($fmt)"
+  # shellcheck disable=SC2086
+  (cd out && "$lowbit" quantize "$demo" "$root/out/demo.$fmt.safetensors" --format "$fmt" $extra_args)
+done
