@@ -8,12 +8,13 @@
 #                                                #         fp8-group int4 uint4 nf4
 #
 # Works on a fresh Debian/Ubuntu machine with python3, pip, cmake, ninja and g++ (missing Debian
-# packages are installed with apt-get when possible); the Python packages come from PyPI. With
-# nvcc the CUDA kernels are built too, and with a usable GPU (and torch, installed here when a GPU
-# is seen) `lowbit quantize` runs on the device; otherwise on the CPU reference.
+# packages are installed with apt-get when possible); the Python packages come from PyPI. Where
+# nvidia-smi sees a GPU, CMake looks for nvcc and builds the CUDA kernels, torch is installed and
+# `lowbit quantize` runs on the device; without a GPU lowbit is built CPU-only and the CPU
+# reference runs. Should the CUDA build fail, the script falls back to a CPU-only build.
 #
 # Environment: LOWBIT_VENV (default .venv), LOWBIT_BUILD_DIR (default build/main),
-# LOWBIT_ENABLE_CUDA=OFF to skip the CUDA kernels even where nvcc exists,
+# LOWBIT_ENABLE_CUDA=ON|OFF (default: ON where a GPU is seen, else OFF),
 # LOWBIT_WITH_TORCH=auto|1|0 (install torch: auto = only when nvidia-smi sees a GPU),
 # LOWBIT_QUANTIZE_ARGS (extra arguments of `lowbit quantize`, e.g. "--scale-layout blocked128x4").
 set -euo pipefail
@@ -21,7 +22,6 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 venv=${LOWBIT_VENV:-$root/.venv}
 build=${LOWBIT_BUILD_DIR:-$root/build/main}
-cuda=${LOWBIT_ENABLE_CUDA:-ON}
 with_torch=${LOWBIT_WITH_TORCH:-auto}
 extra_args=${LOWBIT_QUANTIZE_ARGS:-}
 
@@ -43,6 +43,7 @@ esac
 
 gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
+if [ "$gpu" = "1" ]; then cuda=${LOWBIT_ENABLE_CUDA:-ON}; else cuda=${LOWBIT_ENABLE_CUDA:-OFF}; fi
 
 # 1. Debian packages (only what is missing; needs root or sudo).
 need=()
@@ -72,12 +73,23 @@ if [ "$with_torch" = "1" ] || { [ "$with_torch" = "auto" ] && [ "$gpu" = "1" ]; 
   "$py" -c "import torch" 2>/dev/null || { echo "== installing torch"; "$py" -m pip install -q torch; }
 fi
 
-# 3. Build and install lowbit (CUDA kernels when nvcc is found and LOWBIT_ENABLE_CUDA=ON).
-echo "== building lowbit (CUDA kernels: $cuda where nvcc exists; build dir $build)"
-"$py" -m pip install -q --no-build-isolation "$root" \
-  -Cbuild-dir="$build" \
-  -Ccmake.define.LOWBIT_ENABLE_CUDA="$cuda" \
-  -Ccmake.define.Python3_EXECUTABLE="$py"
+# 3. Build and install lowbit.
+build_lowbit() {  # build_lowbit CUDA_ON_OFF BUILD_DIR
+  "$py" -m pip install -q --no-build-isolation "$root" \
+    -Cbuild-dir="$2" \
+    -Ccmake.define.LOWBIT_ENABLE_CUDA="$1" \
+    -Ccmake.define.Python3_EXECUTABLE="$py"
+}
+if [ "$cuda" = "ON" ]; then
+  echo "== building lowbit with the CUDA kernels where nvcc is found (build dir $build)"
+  if ! build_lowbit ON "$build"; then
+    echo "main.sh: warning: the CUDA build failed; building lowbit CPU-only" >&2
+    build_lowbit OFF "$build-cpu"
+  fi
+else
+  echo "== building lowbit CPU-only (no GPU seen; LOWBIT_ENABLE_CUDA=ON to build the kernels; build dir $build)"
+  build_lowbit OFF "$build"
+fi
 lowbit="$venv/bin/lowbit"
 
 # 4. The job. Run from outside the source tree so the installed package is the one imported.
