@@ -1,0 +1,198 @@
+"""The one timing helper of lowbit's Python benchmarks, and the measured ceilings.
+
+time_fn() times a callable with CUDA events: warm-up first (module load, autotuning and
+torch.compile stay out), an L2 flush before every timed call (outside the timed region),
+input sets rotated per call, median with p10/p90 in microseconds.
+
+measure_ceilings() measures, once per process, the figures a result is compared with:
+device-to-device copy bandwidth (bytes read + written), bf16 GEMM and FP8 row-wise
+_scaled_mm rates at 8192^3.
+
+Nothing here imports torch at module import time, so the report code stays importable on a
+machine without torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+__all__ = ["Timing", "time_fn", "l2_flush", "measure_ceilings", "quantile"]
+
+
+@dataclasses.dataclass
+class Timing:
+    """Times of one timed callable, in microseconds."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    iters: int
+    mode: str  # "device": events with the queue fed; "host": synchronised before each call
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of an already sorted, non-empty sequence (q in [0, 1])."""
+    if not sorted_values:
+        raise ValueError("quantile of an empty sequence")
+    pos = q * (len(sorted_values) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return float(sorted_values[lo] * (1.0 - frac) + sorted_values[hi] * frac)
+
+
+_FLUSH: Dict[str, Any] = {}
+
+
+def l2_flush(device=None) -> Callable[[], None]:
+    """A callable that overwrites a buffer of max(256 MiB, 2 x L2 size) on the device.
+
+    Writing (not reading) evicts every line the previous call left in L2, dirty ones included.
+    The buffer is allocated once per process and device.
+    """
+    import torch
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    key = str(dev)
+    if key not in _FLUSH:
+        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 << 20) or (50 << 20))
+        nbytes = max(256 << 20, 2 * l2)
+        _FLUSH[key] = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    buf = _FLUSH[key]
+
+    def flush() -> None:
+        buf.zero_()
+
+    return flush
+
+
+def time_fn(
+    fn: Callable[..., Any],
+    *,
+    inputs: Optional[Sequence[tuple]] = None,
+    warmup: int = 10,
+    iters: int = 50,
+    flush_l2: bool = True,
+    sync: bool = False,
+    max_seconds: Optional[float] = None,
+) -> Timing:
+    """Median / p10 / p90 time of fn(*inputs[i % len(inputs)]) in microseconds.
+
+    inputs: argument tuples, rotated per call so that one buffer staying in cache does not
+        flatter the result (None: fn is called with no arguments).
+    warmup: untimed calls first (compilation, autotuning, allocator growth).
+    flush_l2: overwrite a >= 2 x L2 buffer before each timed call, outside the events.
+    sync: synchronise the device before each call, so that the host's launch overhead (Python,
+        argument checks, launches) lands inside the events: the latency a caller sees for
+        launch-bound sizes. Without it the queue stays fed and the events measure device time.
+    max_seconds: stop timing early (after at least 5 calls) once this much host time has passed.
+    """
+    import time
+
+    import torch
+
+    if inputs is None or len(inputs) == 0:
+        arg_sets: List[tuple] = [()]
+    else:
+        arg_sets = [tuple(a) for a in inputs]
+    n = len(arg_sets)
+    flush = l2_flush() if flush_l2 else None
+
+    for i in range(max(0, warmup)):
+        fn(*arg_sets[i % n])
+    torch.cuda.synchronize()
+
+    iters = max(1, int(iters))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    t0 = time.perf_counter()
+    done = 0
+    for i in range(iters):
+        args = arg_sets[i % n]
+        if flush is not None:
+            flush()
+        if sync:
+            torch.cuda.synchronize()
+        starts[i].record()
+        fn(*args)
+        ends[i].record()
+        done += 1
+        if sync:
+            ends[i].synchronize()
+        if max_seconds is not None and done >= 5 and time.perf_counter() - t0 > max_seconds:
+            break
+    torch.cuda.synchronize()
+    times = sorted(starts[i].elapsed_time(ends[i]) * 1e3 for i in range(done))
+    return Timing(
+        median_us=quantile(times, 0.5),
+        p10_us=quantile(times, 0.1),
+        p90_us=quantile(times, 0.9),
+        iters=done,
+        mode="host" if sync else "device",
+    )
+
+
+_CEILINGS: Dict[str, Any] = {}
+
+
+def measure_ceilings(*, copy_bytes: int = 1 << 30, gemm_n: int = 8192, quick: bool = False) -> Dict[str, Any]:
+    """Ceilings measured in this process (cached): a result is reported as a fraction of these.
+
+    copy_tbs:       device-to-device copy of `copy_bytes` (1 GiB) with Tensor.copy_,
+                    (bytes read + bytes written) / time, TB/s
+    bf16_tflops:    cuBLAS bf16 GEMM gemm_n^3 through torch.matmul, TFLOP/s
+    fp8_tflops:     torch._scaled_mm e4m3 x e4m3 -> bf16 with row-wise fp32 scales, TFLOP/s
+                    (None where it is not available)
+    Each entry has a *_note with the method; failures are recorded, never raised.
+    """
+    if _CEILINGS:
+        return _CEILINGS
+    import torch
+
+    iters = 10 if quick else 30
+    out: Dict[str, Any] = {}
+    try:
+        src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+        dst = torch.empty_like(src)
+        t = time_fn(lambda: dst.copy_(src), warmup=3, iters=iters, flush_l2=False)
+        out["copy_tbs"] = 2 * copy_bytes / (t.median_us * 1e-6) / 1e12
+        out["copy_note"] = f"Tensor.copy_ of {copy_bytes >> 20} MiB, (read + written) bytes, median of {t.iters}"
+        del src, dst
+    except Exception as ex:  # noqa: BLE001
+        out["copy_tbs"] = None
+        out["copy_note"] = f"failed: {type(ex).__name__}: {ex}"
+    n = gemm_n
+    flops = 2.0 * n * n * n
+    a = b = None
+    try:
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        t = time_fn(lambda: torch.matmul(a, b.t()), warmup=3, iters=iters, flush_l2=False)
+        out["bf16_tflops"] = flops / (t.median_us * 1e-6) / 1e12
+        out["bf16_note"] = f"torch.matmul bf16 {n}^3 (cuBLAS), median of {t.iters}"
+    except Exception as ex:  # noqa: BLE001
+        out["bf16_tflops"] = None
+        out["bf16_note"] = f"failed: {type(ex).__name__}: {ex}"
+    try:
+        if a is None or not hasattr(torch, "_scaled_mm"):
+            raise RuntimeError("torch._scaled_mm not available")
+        a8 = a.to(torch.float8_e4m3fn)
+        b8 = b.to(torch.float8_e4m3fn)
+        sa = torch.ones(n, 1, device="cuda", dtype=torch.float32)
+        sb = torch.ones(1, n, device="cuda", dtype=torch.float32)
+        t = time_fn(lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+                    warmup=3, iters=iters, flush_l2=False)
+        out["fp8_tflops"] = flops / (t.median_us * 1e-6) / 1e12
+        out["fp8_note"] = f"torch._scaled_mm e4m3 row-wise scales {n}^3, median of {t.iters}"
+        del a8, b8
+    except Exception as ex:  # noqa: BLE001
+        out["fp8_tflops"] = None
+        out["fp8_note"] = f"not available: {type(ex).__name__}: {ex}"
+    del a, b
+    torch.cuda.empty_cache()
+    _CEILINGS.update(out)
+    return _CEILINGS
