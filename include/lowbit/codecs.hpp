@@ -73,7 +73,7 @@ constexpr MiniFloat kFP16Spec{5, 10, 15, 0x7BFF, 0x7C00, 0x7E00, true, true};
 
 /// Encodes fp32 into a minifloat of at most 16 bits (targets whose smallest subnormal is far
 /// above fp32 subnormals). Returns the code with the sign at bit ebits+mbits.
-LOWBIT_HOST_DEVICE uint32_t encode_minifloat(float x, const MiniFloat& f, Saturate sat) {
+LOWBIT_HOST_DEVICE uint32_t encode_minifloat(float x, MiniFloat f, Saturate sat) {
   const uint32_t u = float_bits(x);
   const uint32_t sign = (u >> 31) << (f.ebits + f.mbits);
   const uint32_t a = u & 0x7FFFFFFFu;
@@ -106,7 +106,7 @@ LOWBIT_HOST_DEVICE uint32_t encode_minifloat(float x, const MiniFloat& f, Satura
   return sign | code;
 }
 
-LOWBIT_HOST_DEVICE float decode_minifloat(uint32_t c, const MiniFloat& f) {
+LOWBIT_HOST_DEVICE float decode_minifloat(uint32_t c, MiniFloat f) {
   const int nb = f.ebits + f.mbits;
   const bool neg = (c >> nb) & 1u;
   const uint32_t mag = c & ((1u << nb) - 1u);

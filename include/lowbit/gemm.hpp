@@ -30,10 +30,21 @@ struct DualGemmArgs {
   TensorView amax_a, amax_b1, amax_b2;
   /// [M, N, L] or [M, N]: float16 or bfloat16, N contiguous, other strides free.
   TensorView c;
+  /// Optional: weights already prepacked by nvfp4_dual_gemm_prepack (uint8, CUDA). When given,
+  /// b1/b2/sfb1/sfb2 are not read (leave them absent) and N is taken from c.
+  TensorView packed_b;
 };
 
 /// Constraints: M >= 1 (any), N a multiple of 128, K a multiple of 64, L >= 1.
 void nvfp4_dual_gemm_silu(const DualGemmArgs& args, Stream stream = {});
+
+/// Bytes of the prepacked weights for N outputs, K inputs, L batches.
+int64_t nvfp4_dual_gemm_packed_bytes(int64_t N, int64_t K, int64_t L = 1);
+
+/// Prepares b1, b2, sfb1, sfb2 (and sf_layout) of `args` once, as serving engines do at load
+/// time, into `packed` (uint8 [nvfp4_dual_gemm_packed_bytes(N, K, L)], CUDA): gate/up rows
+/// interleaved by 8, each thread's fragments contiguous. a / sfa / c of `args` are not used.
+void nvfp4_dual_gemm_prepack(const DualGemmArgs& args, const TensorView& packed, Stream stream = {});
 
 }  // namespace lowbit
 

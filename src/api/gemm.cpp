@@ -4,6 +4,10 @@
 #include "api/check.hpp"
 #include "lowbit/gemm.hpp"
 #include "ref/ref_gemm.hpp"
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+#include "cuda/gemm/launch_gemm.hpp"
+#include "cuda/launch.hpp"
+#endif
 
 namespace lowbit {
 using namespace detail;
@@ -44,47 +48,99 @@ const float* amax_arg(Checker& c, const TensorView& t, const char* arg) {
   return t.ptr<float>();
 }
 
+/// Checks the weight side (b1, b2, sfb1, sfb2, amax_b*) of a dual GEMM and fills p (N, K, L).
+void plan_dual_weights(Checker& c, const DualGemmArgs& x, DualGemmPlan* p) {
+  const Operand b1 = fp4_operand(c, x.b1, "b1");
+  const Operand b2 = fp4_operand(c, x.b2, "b2");
+  const int64_t N = b1.R, K = b1.Kb * 2, L = b1.L;
+  if (N % 128 != 0 || N == 0) c.fail("b1", "N = " + std::to_string(N) + " must be a positive multiple of 128");
+  if (K % 64 != 0 || K == 0) c.fail("b1", "K = " + std::to_string(K) + " must be a positive multiple of 64");
+  if (x.b1.ndim != x.b2.ndim || b2.R != N || b2.Kb != b1.Kb || b2.L != L)
+    c.fail("b2", "expected the shape of b1 (" + x.b1.describe() + "), got " + x.b2.describe());
+  if (x.sf_layout.kind != ScaleLayoutKind::kRowMajor && x.sf_layout.kind != ScaleLayoutKind::kBlocked128x4)
+    c.fail("sf_layout", "expected row_major (GPU MODE reference [MN, K/16, L]) or blocked128x4 (permuted [32,4,MN/128,4,K/64,L])");
+  if (x.sf_layout.group_pad != GroupPad::kNone) c.fail("sf_layout", "grouped padding does not apply to a dense GEMM");
+  e4m3_scales(c, x.sfb1, "sfb1");
+  e4m3_scales(c, x.sfb2, "sfb2");
+  p->N = N;
+  p->K = K;
+  p->L = L;
+  p->b1 = x.b1.ptr<uint8_t>();
+  p->b2 = x.b2.ptr<uint8_t>();
+  p->b1_sN = b1.sR; p->b1_sL = b1.sL;
+  p->b2_sN = b2.sR; p->b2_sL = b2.sL;
+  p->sfb1 = x.sfb1.ptr<uint8_t>();
+  p->sfb2 = x.sfb2.ptr<uint8_t>();
+  plan_scales(c, x.sfb1, "sfb1", x.sf_layout, L, N, K / 16, &p->spb);
+  ScalePlan spb2;
+  plan_scales(c, x.sfb2, "sfb2", x.sf_layout, L, N, K / 16, &spb2);
+}
+
 }  // namespace
+
+int64_t nvfp4_dual_gemm_packed_bytes(int64_t N, int64_t K, int64_t L) {
+  // [L][2N/64 row blocks][K/64 tiles][128 threads x 16 B fragments + 64 rows x 4 E4M3 scales]
+  return L * (2 * N / 64) * (K / 64) * (128 * 16 + 64 * 4);
+}
+
+void nvfp4_dual_gemm_prepack(const DualGemmArgs& x, const TensorView& packed, Stream stream) {
+  Checker c{"nvfp4_dual_gemm_prepack"};
+  DualGemmPlan p;
+  plan_dual_weights(c, x, &p);
+  c.present(packed, "packed");
+  c.dtype(packed, "packed", {DType::kUInt8});
+  c.dense(packed, "packed", nvfp4_dual_gemm_packed_bytes(p.N, p.K, p.L));
+  c.no_overlap({{"packed", &packed}}, {{"b1", &x.b1}, {"b2", &x.b2}, {"sfb1", &x.sfb1}, {"sfb2", &x.sfb2}});
+  if (c.dev != Device::kCUDA) c.fail("packed", "prepacking produces the CUDA kernel's layout: pass CUDA tensors");
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+  const int err = cuda::nvfp4_dual_gemm_prepack(p, packed.ptr<uint8_t>(), stream.handle);
+  if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
+#else
+  (void)stream;
+  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
+#endif
+}
 
 void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
   Checker c{"nvfp4_dual_gemm_silu"};
   const Operand a = fp4_operand(c, x.a, "a");
-  const Operand b1 = fp4_operand(c, x.b1, "b1");
-  const Operand b2 = fp4_operand(c, x.b2, "b2");
-  const int64_t M = a.R, N = b1.R, K = a.Kb * 2, L = a.L;
+  const int64_t M = a.R, K = a.Kb * 2, L = a.L;
   if (M < 1) c.fail("a", "M must be >= 1, got " + x.a.describe());
   if (L < 1) c.fail("a", "L must be >= 1, got " + x.a.describe());
   if (K % 64 != 0 || K == 0) c.fail("a", "K = " + std::to_string(K) + " must be a positive multiple of 64");
-  if (N % 128 != 0 || N == 0) c.fail("b1", "N = " + std::to_string(N) + " must be a positive multiple of 128");
-  if (x.a.ndim != x.b1.ndim || x.a.ndim != x.b2.ndim) c.fail("b1", "a, b1 and b2 must all be 2-D or all 3-D");
-  if (b1.Kb != a.Kb || b1.L != L) c.fail("b1", "expected shape [N, " + std::to_string(a.Kb) + (x.a.ndim == 3 ? ", " + std::to_string(L) : "") + "] to match a, got " + x.b1.describe());
-  if (b2.R != N || b2.Kb != a.Kb || b2.L != L) c.fail("b2", "expected the shape of b1, got " + x.b2.describe());
-  if (x.sf_layout.kind != ScaleLayoutKind::kRowMajor && x.sf_layout.kind != ScaleLayoutKind::kBlocked128x4)
-    c.fail("sf_layout", "expected row_major (GPU MODE reference [MN, K/16, L]) or blocked128x4 (permuted [32,4,MN/128,4,K/64,L])");
-  if (x.sf_layout.group_pad != GroupPad::kNone) c.fail("sf_layout", "grouped padding does not apply to a dense GEMM");
+  DualGemmPlan p;
+  const bool prepacked = x.packed_b.present();
+  if (prepacked) {
+    for (const auto& [t, n] : {std::pair{&x.b1, "b1"}, {&x.b2, "b2"}, {&x.sfb1, "sfb1"}, {&x.sfb2, "sfb2"}})
+      if (t->present()) c.fail(n, "must be absent when packed_b (prepacked weights) is given");
+    c.present(x.c, "c");
+    if (x.c.ndim < 2) c.fail("c", "expected [M, N, L] or [M, N], got " + x.c.describe());
+    p.N = x.c.shape[1];
+    p.K = K;
+    p.L = L;
+    if (p.N % 128 != 0 || p.N == 0) c.fail("c", "N = " + std::to_string(p.N) + " must be a positive multiple of 128");
+    c.present(x.packed_b, "packed_b");
+    c.dtype(x.packed_b, "packed_b", {DType::kUInt8});
+    c.dense(x.packed_b, "packed_b", nvfp4_dual_gemm_packed_bytes(p.N, K, L));
+  } else {
+    plan_dual_weights(c, x, &p);
+    if (x.a.ndim != x.b1.ndim) c.fail("b1", "a, b1 and b2 must all be 2-D or all 3-D");
+    if (p.K != K || p.L != L)
+      c.fail("b1", "expected [N, " + std::to_string(a.Kb) + (x.a.ndim == 3 ? ", " + std::to_string(L) : "") +
+                       "] to match a, got " + x.b1.describe());
+  }
+  const int64_t N = p.N;
   e4m3_scales(c, x.sfa, "sfa");
-  e4m3_scales(c, x.sfb1, "sfb1");
-  e4m3_scales(c, x.sfb2, "sfb2");
   c.present(x.c, "c");
   c.dtype(x.c, "c", {DType::kFloat16, DType::kBFloat16});
   c.shape(x.c, "c", x.a.ndim == 3 ? std::vector<int64_t>{M, N, L} : std::vector<int64_t>{M, N});
   if (x.c.strides[1] != 1) c.fail("c", "the N dimension (dim 1) must be contiguous, got " + x.c.describe());
-
-  DualGemmPlan p;
-  p.M = M; p.N = N; p.K = K; p.L = L;
+  p.M = M;
   p.a = x.a.ptr<uint8_t>();
-  p.b1 = x.b1.ptr<uint8_t>();
-  p.b2 = x.b2.ptr<uint8_t>();
-  p.a_sM = a.sR; p.a_sL = a.sL;
-  p.b1_sN = b1.sR; p.b1_sL = b1.sL;
-  p.b2_sN = b2.sR; p.b2_sL = b2.sL;
+  p.a_sM = a.sR;
+  p.a_sL = a.sL;
   p.sfa = x.sfa.ptr<uint8_t>();
-  p.sfb1 = x.sfb1.ptr<uint8_t>();
-  p.sfb2 = x.sfb2.ptr<uint8_t>();
   plan_scales(c, x.sfa, "sfa", x.sf_layout, L, M, K / 16, &p.spa);
-  plan_scales(c, x.sfb1, "sfb1", x.sf_layout, L, N, K / 16, &p.spb);
-  ScalePlan spb2;
-  plan_scales(c, x.sfb2, "sfb2", x.sf_layout, L, N, K / 16, &spb2);
   p.amax_a = amax_arg(c, x.amax_a, "amax_a");
   p.amax_b1 = amax_arg(c, x.amax_b1, "amax_b1");
   p.amax_b2 = amax_arg(c, x.amax_b2, "amax_b2");
@@ -93,13 +149,20 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
   p.c_sM = x.c.strides[0];
   p.c_sL = x.c.ndim == 3 ? x.c.strides[2] : 0;
   c.no_overlap({{"c", &x.c}}, {{"a", &x.a}, {"b1", &x.b1}, {"b2", &x.b2}, {"sfa", &x.sfa}, {"sfb1", &x.sfb1},
-                               {"sfb2", &x.sfb2}, {"amax_a", &x.amax_a}, {"amax_b1", &x.amax_b1}, {"amax_b2", &x.amax_b2}});
+                               {"sfb2", &x.sfb2}, {"amax_a", &x.amax_a}, {"amax_b1", &x.amax_b1}, {"amax_b2", &x.amax_b2},
+                               {"packed_b", &x.packed_b}});
   if (c.dev == Device::kCPU) {
+    if (prepacked) c.fail("packed_b", "prepacked weights are for the CUDA kernel; the CPU reference takes b1/b2");
     ref::nvfp4_dual_gemm_silu(p);
     return;
   }
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+  const int err = cuda::nvfp4_dual_gemm(p, prepacked ? x.packed_b.ptr<uint8_t>() : nullptr, stream.handle);
+  if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
+#else
   (void)stream;
-  throw NotSupportedError("nvfp4_dual_gemm_silu: the sm_90a kernel is not in this build yet; pass CPU tensors for the reference");
+  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
+#endif
 }
 
 }  // namespace lowbit
