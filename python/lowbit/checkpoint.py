@@ -405,73 +405,114 @@ def quantize_checkpoint(src: str, dst: str, cfg: QuantConfig, sel: Selection, de
                 raise CheckpointError(f"output tensor name {o!r} of {n!r} clashes with the one of {taken[o]!r}")
             taken[o] = n
 
-    out: List[Tuple[str, np.ndarray]] = []
-    reports: List[TensorReport] = []
+    # The whole header (shapes, dtypes, metadata) is known before anything is quantized, so the
+    # output is streamed: memory stays at one tensor.
+    specs: List[Tuple[str, str, Tuple[int, ...]]] = []
     entries: Dict[str, Any] = {}
-    total = f.total_bytes()
-    done = 0
-    t_start = time.perf_counter()
-    for i, (n, why) in enumerate(plan):
+    for n, why in plan:
         info = f.info(n)
-        if progress:
-            progress(i, len(plan), done, total, n)
         if why is not None:
-            out.append((n, f.get(n)))
-            reports.append(TensorReport(n, info.shape, info.dtype, "copied", reason=why,
-                                        bytes_before=info.nbytes, bytes_after=info.nbytes, outputs=[n]))
-            done += info.nbytes
+            specs.append((n, info.dtype, info.shape))
             continue
-        t0 = time.perf_counter()
-        x = backend.put(f.get(n))
-        kwargs: Dict[str, Any] = {}
-        if cfg.spec.api == "nvfp4":
-            kwargs["compute_global_amax"] = True
-        try:
-            qt = lb.quantize(x, fmt, layout=cfg.layout, **kwargs)
-            xh = lb.dequantize(qt, out_dtype="float32")
-        except Exception as e:
-            raise CheckpointError(f"tensor {n!r} {list(info.shape)}: {e}") from e
-        sqnr, maxerr, maxabs, sig, noise = backend.error_stats(x.float() if backend.name == "cuda" else x, xh)
         names_out = output_names(n, cfg)
-        arrays = {
-            "qdata": backend.get(qt.data),
-            "scale": backend.get(qt.scales),
-            "zero": backend.get(qt.zeros) if names_out["zero"] else None,
-            "global_amax": backend.get(qt.global_amax) if names_out["global_amax"] else None,
-        }
-        for key, oname in names_out.items():
-            if oname is None:
-                continue
-            if arrays[key] is None:
-                raise CheckpointError(f"tensor {n!r}: lowbit.quantize returned no {key}")
-            a = arrays[key]
-            if key == "global_amax":
-                a = np.asarray(a, dtype=np.float32).reshape(1)
-            out.append((oname, a))
-        after = sum(a.nbytes for k, a in arrays.items() if a is not None and names_out[k])
+        for key, (dtype, shape) in quantized_specs(fmt, cfg.layout, info.shape).items():
+            if names_out[key]:
+                specs.append((names_out[key], dtype, shape))
         entries[n] = metadata_entry(fmt, cfg.layout, info.shape, info.dtype, names_out)
-        reports.append(TensorReport(n, info.shape, info.dtype, "quantized", fmt=cfg.spec.cli,
-                                    bytes_before=info.nbytes, bytes_after=after, sqnr_db=sqnr,
-                                    max_abs_err=maxerr, max_abs=maxabs,
-                                    outputs=[o for o in names_out.values() if o],
-                                    seconds=time.perf_counter() - t0,
-                                    extra={"signal_energy": sig, "noise_energy": noise}))
-        done += info.nbytes
-        del x, qt, xh
-    if progress:
-        progress(len(plan), len(plan), total, total, "")
-
     meta = dict(f.metadata)
     meta[METADATA_KEY] = json.dumps({"version": METADATA_VERSION, "producer": f"lowbit {lb.__version__}",
                                      "tensors": entries}, separators=(",", ":"))
-    size = st.save(dst, out, meta)
+    spec_dtype = {name: st.dtype_to_numpy(dtype) for name, dtype, _ in specs}
+
+    reports: List[TensorReport] = []
+    total = f.total_bytes()
+    done = 0
+    t_start = time.perf_counter()
+    with st.SafetensorsWriter(dst, specs, meta) as writer:
+        for i, (n, why) in enumerate(plan):
+            info = f.info(n)
+            if progress:
+                progress(i, len(plan), done, total, n)
+            if why is not None:
+                writer.write(n, f.get(n))
+                reports.append(TensorReport(n, info.shape, info.dtype, "copied", reason=why,
+                                            bytes_before=info.nbytes, bytes_after=info.nbytes, outputs=[n]))
+                done += info.nbytes
+                continue
+            t0 = time.perf_counter()
+            x = backend.put(f.get(n))
+            kwargs: Dict[str, Any] = {}
+            if cfg.spec.api == "nvfp4":
+                kwargs["compute_global_amax"] = True
+            try:
+                qt = lb.quantize(x, fmt, layout=cfg.layout, **kwargs)
+                xh = lb.dequantize(qt, out_dtype="float32")
+            except Exception as e:
+                raise CheckpointError(f"tensor {n!r} {list(info.shape)}: {e}") from e
+            sqnr, maxerr, maxabs, sig, noise = backend.error_stats(x.float() if backend.name == "cuda" else x, xh)
+            names_out = output_names(n, cfg)
+            fields = {"qdata": qt.data, "scale": qt.scales, "zero": qt.zeros, "global_amax": qt.global_amax}
+            after = 0
+            for key, oname in names_out.items():
+                if oname is None:
+                    continue
+                if fields[key] is None:
+                    raise CheckpointError(f"tensor {n!r}: lowbit.quantize returned no {key}")
+                a = _conform(backend.get(fields[key]), spec_dtype[oname])
+                writer.write(oname, a)
+                after += a.nbytes
+            reports.append(TensorReport(n, info.shape, info.dtype, "quantized", fmt=cfg.spec.cli,
+                                        bytes_before=info.nbytes, bytes_after=after, sqnr_db=sqnr,
+                                        max_abs_err=maxerr, max_abs=maxabs,
+                                        outputs=[o for o in names_out.values() if o],
+                                        seconds=time.perf_counter() - t0,
+                                        extra={"signal_energy": sig, "noise_energy": noise}))
+            done += info.nbytes
+            del x, qt, xh, fields
+        if progress:
+            progress(len(plan), len(plan), total, total, "")
     summary = {"input": src, "output": dst, "device": backend.name, "format": cfg.describe(),
                "tensors": len(plan), "quantized": len(entries), "copied": len(plan) - len(entries),
                "bytes_before": sum(r.bytes_before for r in reports),
                "bytes_after": sum(r.bytes_after for r in reports),
-               "file_bytes_in": os.path.getsize(src), "file_bytes_out": size,
+               "file_bytes_in": os.path.getsize(src), "file_bytes_out": writer.size,
                "seconds": time.perf_counter() - t_start}
     return reports, summary
+
+
+def _api_dtype(name: str) -> np.dtype:
+    """NumPy dtype of a lowbit dtype name (uint8, float32, float8_e4m3fn, float8_e8m0fnu, ...)."""
+    import ml_dtypes
+
+    t = getattr(ml_dtypes, name, None)
+    return np.dtype(t if t is not None else name)
+
+
+def quantized_specs(fmt, layout: str, shape: Sequence[int]) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """{qdata|scale|zero|global_amax: (safetensors dtype, shape)} that lowbit.quantize produces for
+    a [M, K] input (zero / global_amax present only for the formats that have them)."""
+    lb = _lowbit()
+    m, k = (int(d) for d in shape)
+    code = st.numpy_to_dtype(_api_dtype(fmt.code_dtype))
+    sshape = tuple(int(d) for d in lb.scale_shape(fmt, layout, 1, m, k))[1:]
+    out = {"qdata": (code, (m, k // 2) if fmt.packed else (m, k)),
+           "scale": (st.numpy_to_dtype(_api_dtype(fmt.scale_dtype)), sshape)}
+    if fmt.has_zero_point:
+        out["zero"] = ("U8", sshape)
+    if fmt.has_global_scale:
+        out["global_amax"] = ("F32", (1,))
+    return out
+
+
+def _conform(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`a` as `dtype` when they differ only in name (uint8 vs a 1-byte float type, e.g. UE8M0
+    scales from a torch without float8_e8m0fnu); float32 global amax reshaped to [1]."""
+    a = np.asarray(a)
+    if a.dtype != dtype and a.dtype.itemsize == dtype.itemsize == 1:
+        a = a.view(dtype)
+    if a.ndim == 0:
+        a = a.reshape(1)
+    return a
 
 
 def metadata_entry(fmt, layout: str, shape, dtype: str, names_out: Dict[str, Optional[str]],
@@ -595,52 +636,68 @@ def dequantize_checkpoint(src: str, dst: str, dtype: str = "auto",
         for key in ("qdata", "scale", "zero", "global_amax"):
             if e.get(key):
                 owned[e[key]] = n
-    first_of: Dict[str, str] = {}
-    for n, e in entries.items():
-        first_of.setdefault(e.get("qdata") or n, n)
-    out: List[Tuple[str, np.ndarray]] = []
-    reports: List[TensorReport] = []
-    names = f.names()
-    total, done = f.total_bytes(), 0
-    t_start = time.perf_counter()
-    for i, n in enumerate(names):
-        if progress:
-            progress(i, len(names), done, total, n)
+    for base, e in entries.items():
+        for key in ("qdata", "scale"):
+            if not e.get(key) or e[key] not in f:
+                raise CheckpointError(f"{src}: the {key} tensor of {base!r} ({e.get(key)!r}) is missing")
+        if base in f:
+            raise CheckpointError(f"{src}: {base!r} is both a tensor and a quantized entry")
+    # plan: (output name, source name or None for a dequantized entry, safetensors dtype, shape)
+    plan: List[Tuple[str, Optional[str], str, Tuple[int, ...]]] = []
+    for n in f.names():
         info = f.info(n)
-        done += info.nbytes
         if n not in owned:
-            out.append((n, f.get(n)))
-            reports.append(TensorReport(n, info.shape, info.dtype, "copied", reason="not quantized",
-                                        bytes_before=info.nbytes, bytes_after=info.nbytes, outputs=[n]))
+            plan.append((n, n, info.dtype, info.shape))
             continue
         base = owned[n]
         e = entries[base]
-        if n != e.get("qdata"):
-            continue  # emitted with its qdata
-        want = e.get("dtype", "F32") if dtype == "auto" else dtype
-        out_dtype = _OUT_DTYPES.get(want) or _API_DTYPES.get(want, "float32")
-        t0 = time.perf_counter()
-        try:
-            y = dequantize_entry(f, base, e, out_dtype)
-        except CheckpointError:
-            raise
-        except Exception as ex:
-            raise CheckpointError(f"tensor {base!r}: {ex}") from ex
-        before = sum(f.info(e[k]).nbytes for k in ("qdata", "scale", "zero", "global_amax") if e.get(k))
-        out.append((base, y))
-        reports.append(TensorReport(base, tuple(y.shape), st.numpy_to_dtype(y.dtype), "dequantized",
-                                    fmt=e["format"], bytes_before=before, bytes_after=y.nbytes,
-                                    outputs=[base], seconds=time.perf_counter() - t0))
-    if progress:
-        progress(len(names), len(names), total, total, "")
+        if n == e["qdata"]:  # emitted where its codes were
+            want = e.get("dtype", "F32") if dtype == "auto" else dtype
+            out_dtype = _OUT_DTYPES.get(want) or _API_DTYPES.get(want, "float32")
+            plan.append((base, None, st.numpy_to_dtype(_api_dtype(out_dtype)),
+                         tuple(int(d) for d in e["shape"])))
     meta = {k: v for k, v in f.metadata.items() if k != METADATA_KEY}
-    size = st.save(dst, out, meta)
+
+    reports: List[TensorReport] = []
+    total, done = f.total_bytes(), 0
+    t_start = time.perf_counter()
+    with st.SafetensorsWriter(dst, [(n, dt, shp) for n, _, dt, shp in plan], meta) as writer:
+        for i, (n, source, sdtype, shape) in enumerate(plan):
+            if progress:
+                progress(i, len(plan), done, total, n)
+            if source is not None:
+                info = f.info(source)
+                writer.write(n, f.get(source))
+                done += info.nbytes
+                reports.append(TensorReport(n, info.shape, info.dtype, "copied", reason="not quantized",
+                                            bytes_before=info.nbytes, bytes_after=info.nbytes, outputs=[n]))
+                continue
+            e = entries[n]
+            t0 = time.perf_counter()
+            try:
+                y = dequantize_entry(f, n, e, str(_dtype_name(sdtype)))
+            except CheckpointError:
+                raise
+            except Exception as ex:
+                raise CheckpointError(f"tensor {n!r}: {ex}") from ex
+            writer.write(n, y)
+            before = sum(f.info(e[k]).nbytes for k in ("qdata", "scale", "zero", "global_amax") if e.get(k))
+            done += before
+            reports.append(TensorReport(n, tuple(y.shape), sdtype, "dequantized", fmt=e["format"],
+                                        bytes_before=before, bytes_after=y.nbytes, outputs=[n],
+                                        seconds=time.perf_counter() - t0))
+        if progress:
+            progress(len(plan), len(plan), total, total, "")
     summary = {"input": src, "output": dst, "tensors": len(reports),
                "dequantized": sum(r.action == "dequantized" for r in reports),
                "bytes_before": sum(r.bytes_before for r in reports),
-               "bytes_after": sum(r.bytes_after for r in reports), "file_bytes_out": size,
+               "bytes_after": sum(r.bytes_after for r in reports), "file_bytes_out": writer.size,
                "seconds": time.perf_counter() - t_start}
     return reports, summary
+
+
+def _dtype_name(sdtype: str) -> str:
+    return {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[sdtype]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -725,12 +782,46 @@ def convert_gpt_oss(src: str, dst: str, layout: str = "row_major", verify: bool 
             if o in f:
                 raise CheckpointError(f"{src}: output tensor name {o!r} already exists in the input")
 
-    out: List[Tuple[str, np.ndarray]] = []
-    reports: List[TensorReport] = []
+    # header first (streamed output): every output's name, dtype and shape
+    names = f.names()
+    specs: List[Tuple[str, str, Tuple[int, ...]]] = []
     entries: Dict[str, Any] = {}
+    for n in names:
+        if n in scale_names:
+            continue
+        info = f.info(n)
+        if n not in by_name:
+            specs.append((n, info.dtype, info.shape))
+            continue
+        base = by_name[n]
+        E, R, G, _ = info.shape
+        K = G * 32
+        sshape = (E, R, G) if layout == "row_major" else \
+            (E,) + tuple(int(d) for d in lb.scale_shape(fmt, layout, 1, R, K))[1:]
+        qn, sn = base + ".qdata", base + ".scale"
+        specs += [(qn, "U8", (E, R, K // 2)), (sn, "U8", sshape)]
+        entries[base] = metadata_entry(fmt, layout, (E, R, K), "BF16",
+                                       {"qdata": qn, "scale": sn, "zero": None, "global_amax": None},
+                                       rounding=None, source="gpt-oss", source_tensors=[n, pairs[base][1]])
+    meta = dict(f.metadata)
+    meta[METADATA_KEY] = json.dumps({"version": METADATA_VERSION, "producer": f"lowbit {lb.__version__}",
+                                     "tensors": entries}, separators=(",", ":"))
+    with st.SafetensorsWriter(dst, specs, meta) as writer:
+        reports = _convert_gpt_oss_tensors(f, writer, pairs, by_name, scale_names, bad, layout, verify, progress)
+    summary = {"input": src, "output": dst, "converted": len(entries), "layout": layout,
+               "copied": sum(r.action == "copied" for r in reports),
+               "bytes_before": sum(r.bytes_before for r in reports),
+               "bytes_after": sum(r.bytes_after for r in reports), "file_bytes_out": writer.size,
+               "verified": verify, "seconds": sum(r.seconds for r in reports)}
+    return reports, summary
+
+
+def _convert_gpt_oss_tensors(f, writer, pairs, by_name, scale_names, bad, layout, verify, progress):
+    lb = _lowbit()
+    fmt = lb.Format("mxfp4")
+    reports: List[TensorReport] = []
     names = f.names()
     total, done = f.total_bytes(), 0
-    t_start = time.perf_counter()
     for i, n in enumerate(names):
         if progress:
             progress(i, len(names), done, total, n)
@@ -739,10 +830,12 @@ def convert_gpt_oss(src: str, dst: str, layout: str = "row_major", verify: bool 
         if n in scale_names:
             continue
         if n not in by_name:
-            out.append((n, f.get(n)))
+            t0 = time.perf_counter()
+            writer.write(n, f.get(n))
             reports.append(TensorReport(n, info.shape, info.dtype, "copied",
                                         reason=bad.get(n, "not an MXFP4 expert tensor"),
-                                        bytes_before=info.nbytes, bytes_after=info.nbytes, outputs=[n]))
+                                        bytes_before=info.nbytes, bytes_after=info.nbytes, outputs=[n],
+                                        seconds=time.perf_counter() - t0))
             continue
         t0 = time.perf_counter()
         base = by_name[n]
@@ -776,11 +869,8 @@ def convert_gpt_oss(src: str, dst: str, layout: str = "row_major", verify: bool 
                 raise CheckpointError(f"{n}: {mismatched} of {E * R * K} decoded values differ between the "
                                       f"gpt-oss blocks and the converted tensors; nothing written")
         qn, sn = base + ".qdata", base + ".scale"
-        out.append((qn, qdata))
-        out.append((sn, sc))
-        entries[base] = metadata_entry(fmt, layout, (E, R, K), "BF16",
-                                       {"qdata": qn, "scale": sn, "zero": None, "global_amax": None},
-                                       rounding=None, source="gpt-oss", source_tensors=[n, sname])
+        writer.write(qn, qdata)
+        writer.write(sn, sc)
         before = info.nbytes + f.info(sname).nbytes
         reports.append(TensorReport(base, (E, R, K), "U8", "converted", fmt="mxfp4", bytes_before=before,
                                     bytes_after=qdata.nbytes + sc.nbytes, max_abs=maxabs if verify else None,
@@ -790,13 +880,4 @@ def convert_gpt_oss(src: str, dst: str, layout: str = "row_major", verify: bool 
                                            "nan_blocks": nan_blocks}))
     if progress:
         progress(len(names), len(names), total, total, "")
-    meta = dict(f.metadata)
-    meta[METADATA_KEY] = json.dumps({"version": METADATA_VERSION, "producer": f"lowbit {lb.__version__}",
-                                     "tensors": entries}, separators=(",", ":"))
-    size = st.save(dst, out, meta)
-    summary = {"input": src, "output": dst, "converted": len(entries), "layout": layout,
-               "copied": sum(r.action == "copied" for r in reports),
-               "bytes_before": sum(r.bytes_before for r in reports),
-               "bytes_after": sum(r.bytes_after for r in reports), "file_bytes_out": size,
-               "verified": verify, "seconds": time.perf_counter() - t_start}
-    return reports, summary
+    return reports

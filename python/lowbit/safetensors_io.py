@@ -22,7 +22,7 @@ import json
 import os
 import struct
 import tempfile
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import ml_dtypes
 import numpy as np
@@ -30,6 +30,7 @@ import numpy as np
 __all__ = [
     "SafetensorsError",
     "SafetensorsFile",
+    "SafetensorsWriter",
     "TensorInfo",
     "DTYPES",
     "dtype_to_numpy",
@@ -262,6 +263,119 @@ def _as_bytes(arr: np.ndarray) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8)
 
 
+class SafetensorsWriter:
+    """Streams tensors into a new safetensors file whose header is known in advance.
+
+        specs = [("w.qdata", "U8", (4096, 2048)), ...]       # every tensor, in file order
+        with SafetensorsWriter("out.safetensors", specs, {"k": "v"}) as w:
+            for name, arr in produce():                      # same order as specs
+                w.write(name, arr)
+        # complete: renamed over out.safetensors; on any exception nothing is left behind
+
+    Memory stays at one tensor whatever the size of the file. The data goes to a temporary file
+    in the output directory that replaces `path` (os.replace) only when every tensor was written.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], specs: Sequence[Tuple[str, str, Sequence[int]]],
+                 metadata: Optional[Mapping[str, str]] = None):
+        self.path = os.fspath(path)
+        header: Dict[str, object] = {}
+        if metadata:
+            meta = {}
+            for k, v in metadata.items():
+                if not isinstance(k, str) or not isinstance(v, str):
+                    raise SafetensorsError(f"metadata must map strings to strings (key {k!r})")
+                meta[k] = v
+            header["__metadata__"] = meta
+        self._specs: List[Tuple[str, np.dtype, Tuple[int, ...]]] = []
+        offset = 0
+        for name, dtype, shape in specs:
+            if not isinstance(name, str) or not name or name == "__metadata__":
+                raise SafetensorsError(f"invalid tensor name {name!r}")
+            if name in header:
+                raise SafetensorsError(f"tensor name {name!r} used twice")
+            dt = dtype_to_numpy(dtype)
+            shape = tuple(int(d) for d in shape)
+            if any(d < 0 for d in shape):
+                raise SafetensorsError(f"tensor {name!r}: negative dimension in {list(shape)}")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize if shape else dt.itemsize
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+            self._specs.append((name, dt, shape))
+        raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        raw += b" " * (-len(raw) % 8)  # data region 8-byte aligned, as the reference writer does
+        self.size = 8 + len(raw) + offset
+        self._next = 0
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, self._tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(self.path) + ".",
+                                         suffix=".tmp")
+        try:
+            self._fh = os.fdopen(fd, "wb")
+            self._fh.write(struct.pack("<Q", len(raw)))
+            self._fh.write(raw)
+        except BaseException:
+            self.abort()
+            raise
+
+    def write(self, name: str, arr) -> None:
+        if self._next >= len(self._specs):
+            raise SafetensorsError(f"tensor {name!r} is not in the header (all tensors already written)")
+        want, dt, shape = self._specs[self._next]
+        arr = np.asarray(arr)
+        if name != want:
+            raise SafetensorsError(f"tensor {name!r} written out of order (expected {want!r})")
+        if arr.dtype != dt or tuple(arr.shape) != shape:
+            raise SafetensorsError(f"tensor {name!r}: got {arr.dtype} {list(arr.shape)}, the header says "
+                                   f"{dt} {list(shape)}")
+        if arr.size:
+            flat = _as_bytes(arr)
+            for i in range(0, flat.size, _WRITE_CHUNK):
+                self._fh.write(memoryview(flat[i:i + _WRITE_CHUNK]))
+        self._next += 1
+
+    def commit(self) -> int:
+        """Renames the complete file over `path`; returns its size."""
+        if self._next != len(self._specs):
+            missing = [n for n, _, _ in self._specs[self._next:]]
+            self.abort()
+            raise SafetensorsError(f"{len(missing)} tensors were never written (first: {missing[0]!r})")
+        try:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            os.chmod(self._tmp, 0o666 & ~_umask())
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        self._tmp = None
+        return self.size
+
+    def abort(self) -> None:
+        """Removes the temporary file (the destination is left as it was)."""
+        fh = getattr(self, "_fh", None)
+        if fh is not None and not fh.closed:
+            try:
+                fh.close()
+            except OSError:
+                pass
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp)
+            except OSError:
+                pass
+            self._tmp = None
+
+    def __enter__(self) -> "SafetensorsWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
 def save(path: Union[str, os.PathLike],
          tensors: Union[Mapping[str, np.ndarray], Iterable[Tuple[str, np.ndarray]]],
          metadata: Optional[Mapping[str, str]] = None) -> int:
@@ -270,56 +384,13 @@ def save(path: Union[str, os.PathLike],
     The file is written next to `path` under a temporary name and renamed over `path` when
     complete; on any error the temporary file is removed and `path` is left untouched.
     """
-    path = os.fspath(path)
     items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
-    header: Dict[str, object] = {}
-    if metadata:
-        meta = {}
-        for k, v in metadata.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise SafetensorsError(f"metadata must map strings to strings (key {k!r})")
-            meta[k] = v
-        header["__metadata__"] = meta
-    offset = 0
-    arrays = []
-    for name, arr in items:
-        if not isinstance(name, str) or not name:
-            raise SafetensorsError(f"tensor names must be non-empty strings (got {name!r})")
-        if name in header:
-            raise SafetensorsError(f"tensor name {name!r} used twice")
-        arr = np.asarray(arr)
-        dtype = numpy_to_dtype(arr.dtype)
-        nbytes = arr.size * arr.dtype.itemsize
-        header[name] = {"dtype": dtype, "shape": [int(d) for d in arr.shape],
-                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-        arrays.append(arr)
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)  # data region 8-byte aligned, as the reference writer does
-
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(struct.pack("<Q", len(raw)))
-            fh.write(raw)
-            for arr in arrays:
-                if arr.size == 0:
-                    continue
-                flat = _as_bytes(arr)
-                for i in range(0, flat.size, _WRITE_CHUNK):
-                    fh.write(memoryview(flat[i:i + _WRITE_CHUNK]))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return 8 + len(raw) + offset
+    arrays = [(name, np.asarray(arr)) for name, arr in items]
+    specs = [(name, numpy_to_dtype(arr.dtype), arr.shape) for name, arr in arrays]
+    with SafetensorsWriter(path, specs, metadata) as w:
+        for name, arr in arrays:
+            w.write(name, arr)
+    return w.size
 
 
 def _umask() -> int:

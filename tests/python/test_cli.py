@@ -156,13 +156,44 @@ def test_writer_failure_leaves_nothing(tmp_path):
     out.write_bytes(b"old")
 
     # an error while the data is being written: the old file stays, no temporary file is left
-    def failing():
-        yield "a", np.zeros(4, np.float32)
-        raise RuntimeError("boom")
-
+    specs = [("a", "F32", (4,)), ("b", "U8", (3,))]
     with pytest.raises(RuntimeError):
-        st.save(out, failing())
+        with st.SafetensorsWriter(out, specs) as w:
+            w.write("a", np.zeros(4, np.float32))
+            assert len(leftovers(tmp_path)) == 1
+            raise RuntimeError("boom")
     assert out.read_bytes() == b"old" and leftovers(tmp_path) == []
+    with pytest.raises(st.SafetensorsError, match="header says"):
+        with st.SafetensorsWriter(out, specs) as w:
+            w.write("a", np.zeros(5, np.float32))
+    with pytest.raises(st.SafetensorsError, match="never written"):
+        with st.SafetensorsWriter(out, specs) as w:
+            w.write("a", np.zeros(4, np.float32))
+    assert out.read_bytes() == b"old" and leftovers(tmp_path) == []
+    with st.SafetensorsWriter(out, specs, {"m": "1"}) as w:
+        w.write("a", np.arange(4, dtype=np.float32))
+        w.write("b", np.arange(3, dtype=np.uint8))
+    back, meta = st.load(out)
+    assert meta == {"m": "1"} and back["a"].tolist() == [0, 1, 2, 3] and back["b"].tolist() == [0, 1, 2]
+
+
+def test_quantize_failure_midway_leaves_nothing(tmp_path, capsys, ckpt, monkeypatch):
+    src, _ = ckpt
+    out = tmp_path / "q.safetensors"
+    real = lowbit.quantize
+    calls = []
+
+    def flaky(x, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("quantize: argument 'x': simulated failure")
+        return real(x, *a, **k)
+
+    monkeypatch.setattr(lowbit, "quantize", flaky)
+    before = sorted(os.listdir(tmp_path))
+    rc, _, err = run(capsys, "quantize", src, out, "-f", "mxfp8", "--device", "cpu")
+    assert rc == 1 and "simulated failure" in _one_line_error(err)
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,7 +434,7 @@ def gpt_oss(tmp_path):
     return path, t
 
 
-@pytest.mark.parametrize("layout", ["row_major", "blocked128x4"])
+@pytest.mark.parametrize("layout", ["row_major", "blocked128x4", "col_major", "blocked8x4"])
 def test_convert_gpt_oss(tmp_path, capsys, gpt_oss, layout):
     src, t = gpt_oss
     out = tmp_path / "conv.safetensors"
@@ -428,7 +459,9 @@ def test_convert_gpt_oss(tmp_path, capsys, gpt_oss, layout):
         s = f.get(base + ".scale")
         if layout == "row_major":
             assert s.shape == (E, R, G) and s.tobytes() == scales.tobytes()
-        else:
+        elif layout == "col_major":
+            assert s.shape == (E, G, R) and (s == scales.transpose(0, 2, 1)).all()
+        elif layout == "blocked128x4":
             Rp, Cp = -(-R // 128) * 128, -(-G // 4) * 4
             assert s.shape == (E, Rp, Cp)
             flat = s.reshape(E, -1)
