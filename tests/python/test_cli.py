@@ -290,6 +290,26 @@ def test_quantize_round_trip(tmp_path, capsys, ckpt, case):
     assert rc == 0 and st.SafetensorsFile(back).get(name).dtype == np.float32
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8", "fp8-group", "int4", "uint4", "nf4"])
+def test_quantize_cuda_matches_cpu(tmp_path, capsys, ckpt, fmt):
+    usable, why = checkpoint.cuda_status()
+    if not usable:
+        pytest.skip(why)
+    src, _ = ckpt
+    outs = {}
+    for device in ("cpu", "cuda"):
+        outs[device] = tmp_path / f"{device}.safetensors"
+        rc, stdout, err = run(capsys, "quantize", src, outs[device], "-f", fmt, "--device", device,
+                              "--scale-layout", "blocked128x4")
+        assert rc == 0, err
+        assert f"device {device}" in stdout
+    a, b = st.SafetensorsFile(outs["cpu"]), st.SafetensorsFile(outs["cuda"])
+    assert a.names() == b.names() and a.metadata == b.metadata
+    for n in a.names():
+        assert a.get(n).dtype == b.get(n).dtype and a.get(n).tobytes() == b.get(n).tobytes(), n
+
+
 def test_quantize_table_and_skips(tmp_path, capsys, ckpt):
     src, tensors = ckpt
     out = tmp_path / "q.safetensors"
