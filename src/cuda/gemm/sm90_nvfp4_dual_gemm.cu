@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <utility>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
@@ -210,7 +211,28 @@ __device__ __forceinline__ void epilogue_store(const MainArgs& A, const float (&
   }
 }
 
-template <int NT, int S>
+/// Dequantizes one warpgroup's A fragments of a k tile (4 k16 steps x 4 bf16x2 registers).
+__device__ __forceinline__ void dequant_fragments(const uint8_t* chunk, int wtid, int g, uint32_t (&a)[4][4]) {
+  const uint4 q = reinterpret_cast<const uint4*>(chunk)[wtid];
+  const uint32_t sg = reinterpret_cast<const uint32_t*>(chunk + kChunkData)[g];
+  const uint32_t sg8 = reinterpret_cast<const uint32_t*>(chunk + kChunkData)[g + 8];
+  const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    // scales of rows g and g+8 for k16 step s, as bf16 (x 2^64), each broadcast to both halves
+    const uint32_t pair = scale_pair_bf16(((sg >> (8 * s)) & 0xFF) | (((sg8 >> (8 * s)) & 0xFF) << 8));
+    const uint32_t s_g = __byte_perm(pair, 0, 0x1010), s_g8 = __byte_perm(pair, 0, 0x3232);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t y = qw[s] >> (4 * j);
+      const uint32_t v = ((y << 6) & 0x01C001C0u) | ((y << 12) & 0x80008000u);  // e2m1 * 2^-126 (bf16x2)
+      a[s][j] = bmul2(v, (j & 1) ? s_g8 : s_g);
+    }
+  }
+}
+
+/// kPipelined: the fragments of k tile it+1 are dequantized while the wgmma of tile it run.
+template <int NT, int S, bool kPipelined>
 __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   constexpr int kActBytes = NT * 128;
@@ -258,6 +280,48 @@ __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
     cp_async_commit();
   }
   const int g = 16 * warp + (lane >> 2);
+  if constexpr (kPipelined) {
+    // prologue: tile 0 ready, its fragments dequantized
+    uint32_t a[4][4];
+    if (nkt > 0) {
+      cp_async_wait<S - 2>();
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();
+      if (S - 1 < nkt) load_stage(S - 1);
+      cp_async_commit();
+      dequant_fragments(smem + kActBytes + wg * kChunkBytes, wtid, g, a);
+    }
+    for (int64_t it = 0; it < nkt; ++it) {
+      const uint32_t abase = smem_u32(smem + (it % S) * kStageBytes);
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+        wgmma_call<NT>(a[s], desc_sw128(abase + s * 32), acc, std::make_index_sequence<NT / 2>{});
+      cute::warpgroup_commit_batch();
+      uint32_t an[4][4];
+      if (it + 1 < nkt) {
+        // NOTE: stage it+S is (it % S): still read by the wgmma in flight, so it is loaded
+        // only after the wait below; here we only wait for tile it+1 and dequantize it.
+        cp_async_wait<S - 2>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        dequant_fragments(smem + ((it + 1) % S) * kStageBytes + kActBytes + wg * kChunkBytes, wtid, g, an);
+      }
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+      // every warpgroup is past its wgmma on stage it before anyone overwrites it
+      __syncthreads();
+      if (it + S < nkt) load_stage(it + S);
+      cp_async_commit();
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[s][j] = an[s][j];
+    }
+  } else
   for (int64_t it = 0; it < nkt; ++it) {
     cp_async_wait<S - 2>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -266,24 +330,8 @@ __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
     cp_async_commit();
 
     const uint8_t* st = smem + (it % S) * kStageBytes;
-    const uint8_t* chunk = st + kActBytes + wg * kChunkBytes;
-    const uint4 q = reinterpret_cast<const uint4*>(chunk)[wtid];
-    const uint32_t sg = reinterpret_cast<const uint32_t*>(chunk + kChunkData)[g];
-    const uint32_t sg8 = reinterpret_cast<const uint32_t*>(chunk + kChunkData)[g + 8];
-    const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
     uint32_t a[4][4];
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      // scales of rows g and g+8 for k16 step s, as bf16 (x 2^64), each broadcast to both halves
-      const uint32_t pair = scale_pair_bf16(((sg >> (8 * s)) & 0xFF) | (((sg8 >> (8 * s)) & 0xFF) << 8));
-      const uint32_t s_g = __byte_perm(pair, 0, 0x1010), s_g8 = __byte_perm(pair, 0, 0x3232);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t y = qw[s] >> (4 * j);
-        const uint32_t v = ((y << 6) & 0x01C001C0u) | ((y << 12) & 0x80008000u);  // e2m1 * 2^-126 (bf16x2)
-        a[s][j] = bmul2(v, (j & 1) ? s_g8 : s_g);
-      }
-    }
+    dequant_fragments(st + kActBytes + wg * kChunkBytes, wtid, g, a);
     const uint32_t abase = smem_u32(st);
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
@@ -319,11 +367,11 @@ __global__ void finalize_kernel(DualGemmPlan p, const float* ws, int splits) {
   }
 }
 
-template <int NT, int S>
+template <int NT, int S, bool kPipelined>
 cudaError_t launch_main(const MainArgs& a, cudaStream_t st) {
   constexpr int kStageBytes = NT * 128 + ((2 * kChunkBytes + 1023) / 1024) * 1024;
   constexpr int smem = S * kStageBytes + 1024;
-  auto kern = dual_gemm_kernel<NT, S>;
+  auto kern = dual_gemm_kernel<NT, S, kPipelined>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const DualGemmPlan& p = a.p;
@@ -379,11 +427,14 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
     e = cudaMallocAsync(reinterpret_cast<void**>(&ws), size_t(splits) * p.L * p.M * p.N * 2 * sizeof(float), st);
   if (e == cudaSuccess) {
     MainArgs a{p, packed, act, ws, splits, per};
+    // LOWBIT_DUAL_GEMM_SIMPLE=1 selects the unpipelined main loop (for comparisons)
+    const char* v = std::getenv("LOWBIT_DUAL_GEMM_SIMPLE");
+    const bool simple = v && v[0] == '1';
     switch (NT) {
-      case 16: e = launch_main<16, 8>(a, st); break;
-      case 32: e = launch_main<32, 6>(a, st); break;
-      case 64: e = launch_main<64, 5>(a, st); break;
-      default: e = launch_main<128, 4>(a, st); break;
+      case 16: e = simple ? launch_main<16, 8, false>(a, st) : launch_main<16, 8, true>(a, st); break;
+      case 32: e = simple ? launch_main<32, 6, false>(a, st) : launch_main<32, 6, true>(a, st); break;
+      case 64: e = simple ? launch_main<64, 5, false>(a, st) : launch_main<64, 5, true>(a, st); break;
+      default: e = simple ? launch_main<128, 4, false>(a, st) : launch_main<128, 4, true>(a, st); break;
     }
   }
   if (e == cudaSuccess && splits > 1) {
