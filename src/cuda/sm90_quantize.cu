@@ -1,0 +1,432 @@
+// src/cuda/sm90_quantize.cu: quantize (every block format, every scale layout) and tensor amax.
+//
+// NOTES:
+//  * Vector kernel: one thread owns 16 consecutive elements of a row (one 16-element chunk:
+//    64 B of fp32 or 32 B of fp16/bf16 through 16-byte loads); a block of B elements is owned
+//    by B/16 consecutive lanes (1 for NVFP4, 2 for MX, 8 for groups of 128), so the block
+//    reduction is register + shuffle only. The lane that owns a block's first chunk writes its
+//    scale (and zero point) straight into the requested layout; the lane of a row's last block
+//    writes the blocked layouts' zero column padding, and extra work items after the data
+//    write the zero padding rows (grouped layouts: every stored row that belongs to no group).
+//    No memset pass, no shared-memory staging of the data.
+//  * Generic kernel (blocks that are not 16 * 2^k <= 256 elements, unaligned pointers or
+//    strides): one thread per block, scalar loads. Same scale/padding code.
+//  * NVFP4 with compute_global_amax: cudaMemsetAsync + amax kernel + quantize kernel on one
+//    stream (no host sync); the quantize kernel reads the amax from device memory.
+//  * Element math is lowbit/block_quant.hpp's: compute_block_scale per block; per element the
+//    hardware fp8 conversions (proved equal to encode_e4m3/e5m2 by the exhaustive self-test) or
+//    the fast 4-bit encoders of sm90_common.cuh. A division by a UE8M0 (power-of-two) scale is
+//    replaced by the product with its exact reciprocal: both are the correctly rounded x*2^-e.
+#include "cuda/launch.hpp"
+#include "cuda/sm90_common.cuh"
+
+namespace lowbit::cuda {
+using namespace lowbit::detail;
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct QArgs {
+  QuantPlan p;
+  int64_t C = 0;            // scale columns
+  int64_t data_units = 0;   // work items of the data
+  int64_t pad_rows = 0;     // candidate padding rows per batch
+  int64_t pad_row0 = 0;     // first candidate row
+  int64_t pad_units = 0;    // L * pad_rows
+  // vector kernel
+  FastDiv cpr;              // chunks per row
+  FastDiv mdiv;             // M
+  int tpb_log2 = 0;         // log2(lanes per block)
+  // generic kernel
+  int64_t units_per_row = 0;
+};
+
+__device__ __forceinline__ float load_global_amax_scale(const QuantPlan& p) {
+  if (p.f.rule == ScaleRule::kNvfp4 && p.global_amax) return nvfp4_global_encode_scale(*p.global_amax);
+  return 1.0f;
+}
+
+__device__ __forceinline__ void store_code(void* base, ScaleType t, int64_t off, uint32_t code) {
+  if (t == ScaleType::kF32) static_cast<uint32_t*>(base)[off] = code;
+  else static_cast<uint8_t*>(base)[off] = uint8_t(code);
+}
+
+/// Scale (and zero point) of block (l, m, c), plus the blocked layouts' column padding when c
+/// is the row's last block.
+__device__ __forceinline__ void write_block_scale(const QArgs& a, const dev::GroupMap& gm, int64_t l, int64_t m,
+                                                  int64_t c, const BlockScale& b) {
+  const QuantPlan& p = a.p;
+  const ScalePlan& sp = p.sp;
+  const int64_t sr = sp.groups > 0 ? gm.stored_row(m) : m;
+  const int64_t base = l * sp.batch_stride;
+  const int64_t off = base + scale_offset(sp.layout, sp.rows_pad, sp.cols, sr, c);
+  store_code(p.scales, p.f.scale_type, off, b.code);
+  if (p.zeros) p.zeros[off] = b.zero;
+  if (c == a.C - 1) {
+    const int64_t Cp = scale_cols_padded(sp.layout, a.C);
+    for (int64_t cc = a.C; cc < Cp; ++cc) {
+      const int64_t o = base + scale_offset(sp.layout, sp.rows_pad, sp.cols, sr, cc);
+      store_code(p.scales, p.f.scale_type, o, 0u);
+      if (p.zeros) p.zeros[o] = 0;
+    }
+  }
+}
+
+/// Padding work item pu. Plain layouts: zero one padding row (all padded columns). Grouped
+/// layouts: zero the entries of the aligned quad of offsets [4 pu, 4 pu + 4) that hold no data
+/// (the quads tile the whole buffer, so rows of an incomplete last tile are covered too).
+__device__ __forceinline__ void write_pad_row(const QArgs& a, const dev::GroupMap& gm, int64_t pu) {
+  const QuantPlan& p = a.p;
+  const ScalePlan& sp = p.sp;
+  if (sp.groups > 0) {
+    const int64_t o0 = pu * 4;
+    int64_t sr, c0;
+    scale_coords(sp.layout, sp.rows_pad, sp.cols, o0, &sr, &c0);
+    const bool data = gm.logical_row(sr) >= 0;
+    for (int k = 0; k < 4 && o0 + k < sp.batch_stride; ++k) {
+      if (data && c0 + k < a.C) continue;
+      store_code(p.scales, p.f.scale_type, o0 + k, 0u);
+      if (p.zeros) p.zeros[o0 + k] = 0;
+    }
+    return;
+  }
+  const int64_t l = pu / a.pad_rows;
+  const int64_t s = a.pad_row0 + pu % a.pad_rows;
+  const int64_t Cp = scale_cols_padded(sp.layout, a.C);
+  const int64_t base = l * sp.batch_stride;
+  for (int64_t c = 0; c < Cp; ++c) {
+    const int64_t o = base + scale_offset(sp.layout, sp.rows_pad, sp.cols, s, c);
+    store_code(p.scales, p.f.scale_type, o, 0u);
+    if (p.zeros) p.zeros[o] = 0;
+  }
+}
+
+__device__ __forceinline__ void merge_shfl(BlockStats& st, unsigned mask, int width, bool minmax) {
+  for (int o = 1; o < width; o <<= 1) {
+    BlockStats t;
+    t.amax_bits = __shfl_xor_sync(mask, st.amax_bits, o);
+    if (minmax) {
+      t.min = __shfl_xor_sync(mask, st.min, o);
+      t.max = __shfl_xor_sync(mask, st.max, o);
+      st.merge(t);
+    } else {
+      st.amax_bits = t.amax_bits > st.amax_bits ? t.amax_bits : st.amax_bits;
+    }
+  }
+}
+
+template <Elem E>
+__device__ __forceinline__ void setup_tables(float* nf4t) {
+  if (E == Elem::kNF4 && threadIdx.x < 16)
+    nf4t[threadIdx.x] = threadIdx.x < 15 ? nf4_threshold(int(threadIdx.x)) : bits_float(0x7F800000u);
+}
+
+/// Codes of 16 scaled values v[] (already x*factor or x/factor).
+template <Elem E>
+__device__ __forceinline__ void encode16(const float* v, const float* nf4t, uint8_t zero, bool checked,
+                                         uint32_t* out /* 4 words (8-bit) or 2 words (4-bit) */) {
+  if (E == Elem::kE4M3 || E == Elem::kE5M2) {
+    constexpr bool k5 = E == Elem::kE5M2;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      out[i] = checked ? dev::enc_fp8x4<k5>(v + 4 * i, Saturate::kFinite) : dev::enc_fp8x4_finite<k5>(v + 4 * i);
+  } else {
+    uint32_t c[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (E == Elem::kE2M1) c[i] = dev::enc_e2m1(v[i]);
+      else if (E == Elem::kNF4) c[i] = dev::enc_nf4(v[i], nf4t);
+      else if (E == Elem::kInt4) c[i] = dev::enc_int4(v[i]);
+      else {  // UINT4
+        if (v[i] != v[i]) {
+          c[i] = zero;
+        } else {
+          const float r = rintf(v[i]) + float(zero);
+          c[i] = uint32_t(int(r < 0.0f ? 0.0f : (r > 15.0f ? 15.0f : r)));
+        }
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) word |= (c[8 * w + j] | (c[8 * w + j + 1] << 4)) << (4 * j);
+      out[w] = word;
+    }
+  }
+}
+
+template <DType T, Elem E>
+__global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const QArgs a) {
+  extern __shared__ int64_t smem[];
+  __shared__ float nf4t[16];
+  setup_tables<E>(nf4t);
+  if (E == Elem::kNF4) __syncthreads();
+  const QuantPlan& p = a.p;
+  const dev::GroupMap gm = dev::stage_groups(p.sp, smem);
+  QuantContext ctx;
+  ctx.s_enc = load_global_amax_scale(p);
+  constexpr bool kMinMax = E == Elem::kUInt4;
+  constexpr bool kPacked = elem_bits(E) == 4;
+  constexpr int kEsz = T == DType::kFloat32 ? 4 : 2;
+  const int tpb = 1 << a.tpb_log2;
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned gmask = (tpb >= 32 ? 0xFFFFFFFFu : ((1u << tpb) - 1u) << (lane & ~unsigned(tpb - 1)));
+  const int64_t total = a.data_units + a.pad_units;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < total; u += stride) {
+    if (u >= a.data_units) {
+      write_pad_row(a, gm, u - a.data_units);
+      continue;
+    }
+    const uint32_t uu = uint32_t(u);
+    const uint32_t row = a.cpr.div(uu);
+    const uint32_t j = uu - row * a.cpr.d;
+    const uint32_t l = a.mdiv.div(row);
+    const uint32_t m = row - l * a.mdiv.d;
+    const char* xp = static_cast<const char*>(p.x) + (int64_t(l) * p.x_sL + int64_t(m) * p.x_sM + int64_t(j) * 16) * kEsz;
+    dev::Chunk16<T> ch;
+    ch.load(xp);
+    float v[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = ch.get(i);
+    BlockStats st;
+    if (kMinMax) {
+      st = block_stats_init(v[0]);
+#pragma unroll
+      for (int i = 1; i < 16; ++i) st.add(v[i]);
+    } else {
+      uint32_t am = 0;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const uint32_t b = dev::fbits(v[i]) & 0x7FFFFFFFu;
+        am = b > am ? b : am;
+      }
+      st.amax_bits = am;
+    }
+    merge_shfl(st, gmask, tpb, kMinMax);
+    const BlockScale b = compute_block_scale(p.f, st, ctx);
+    uint32_t out[4];
+    if (b.nonfinite) {
+      const uint32_t fill = E == Elem::kNF4 ? 0x77777777u : 0u;
+      out[0] = out[1] = out[2] = out[3] = fill;
+    } else if (!b.divide || p.f.scale_type == ScaleType::kUE8M0) {
+      // x * factor; a UE8M0 divisor 2^(code-127) becomes the exact product with 2^(127-code)
+      const float mul = b.divide ? exp2i(127 - int(b.code)) : b.factor;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = v[i] * mul;
+      encode16<E>(v, nf4t, b.zero, false, out);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = v[i] / b.factor;
+      encode16<E>(v, nf4t, b.zero, true, out);
+    }
+    uint8_t* qp = p.q + int64_t(l) * p.q_sL + int64_t(m) * p.q_sM;
+    if (kPacked) {
+      uint2 w;
+      w.x = out[0];
+      w.y = out[1];
+      if (p.f.nibbles == NibbleOrder::kHighFirst) {
+        w.x = ((w.x >> 4) & 0x0F0F0F0Fu) | ((w.x & 0x0F0F0F0Fu) << 4);
+        w.y = ((w.y >> 4) & 0x0F0F0F0Fu) | ((w.y & 0x0F0F0F0Fu) << 4);
+      }
+      dev::st_stream8(qp + int64_t(j) * 8, w);
+    } else {
+      dev::st_stream(qp + int64_t(j) * 16, make_uint4(out[0], out[1], out[2], out[3]));
+    }
+    if ((j & uint32_t(tpb - 1)) == 0) write_block_scale(a, gm, l, m, j >> a.tpb_log2, b);
+  }
+}
+
+// Generic: one thread per block, scalar loads (any block size, alignment or stride).
+__global__ void __launch_bounds__(kThreads) quantize_generic_kernel(const QArgs a) {
+  extern __shared__ int64_t smem[];
+  const QuantPlan& p = a.p;
+  const BlockFormat& f = p.f;
+  const dev::GroupMap gm = dev::stage_groups(p.sp, smem);
+  QuantContext ctx;
+  ctx.s_enc = load_global_amax_scale(p);
+  const int64_t total = a.data_units + a.pad_units;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < total; u += stride) {
+    if (u >= a.data_units) {
+      write_pad_row(a, gm, u - a.data_units);
+      continue;
+    }
+    const int64_t row = u / a.C, c = u % a.C;
+    const int64_t l = row / p.M, m = row % p.M;
+    const int64_t xrow = l * p.x_sL + m * p.x_sM;
+    const int64_t k0 = c * f.block;
+    BlockStats st = block_stats_init(load_float(p.x, p.x_dtype, xrow + k0));
+    for (int64_t k = 1; k < f.block; ++k) st.add(load_float(p.x, p.x_dtype, xrow + k0 + k));
+    const BlockScale b = compute_block_scale(f, st, ctx);
+    uint8_t* qrow = p.q + l * p.q_sL + m * p.q_sM;
+    uint8_t even = 0;
+    for (int64_t k = 0; k < f.block; ++k) {
+      const uint8_t code = encode_element(f, b, load_float(p.x, p.x_dtype, xrow + k0 + k));
+      if (!f.packed()) {
+        qrow[k0 + k] = code;
+      } else if ((k & 1) == 0) {
+        even = code;
+      } else {
+        qrow[(k0 + k) / 2] = pack_nibbles(f.nibbles, even, code);
+      }
+    }
+    write_block_scale(a, gm, l, m, c, b);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// amax(|x|) into *out as max of bits (NaN propagates); *out must be zeroed first.
+
+template <DType T, bool kVec>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t L, int64_t M, int64_t K, int64_t sL,
+                                                        int64_t sM, unsigned* out) {
+  (void)L;
+  uint32_t am = 0;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  if (kVec) {
+    constexpr int kEsz = T == DType::kFloat32 ? 4 : 2;
+    const int64_t cpr = K / 16, total = L * M * cpr;
+    for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < total; u += stride) {
+      const int64_t row = u / cpr, j = u - row * cpr;
+      const int64_t l = row / M, m = row - l * M;
+      dev::Chunk16<T> ch;
+      ch.load(static_cast<const char*>(x) + (l * sL + m * sM + j * 16) * kEsz);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const uint32_t b = dev::fbits(ch.get(i)) & 0x7FFFFFFFu;
+        am = b > am ? b : am;
+      }
+    }
+  } else {
+    const int64_t total = L * M * K;
+    for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < total; u += stride) {
+      const int64_t row = u / K, k = u - row * K;
+      const int64_t l = row / M, m = row - l * M;
+      const uint32_t b = float_bits(load_float(x, T, l * sL + m * sM + k)) & 0x7FFFFFFFu;
+      am = b > am ? b : am;
+    }
+  }
+  am = __reduce_max_sync(0xFFFFFFFFu, am);
+  if ((threadIdx.x & 31) == 0 && am) atomicMax(out, am);
+}
+
+template <DType T>
+cudaError_t launch_amax_t(const void* x, int64_t L, int64_t M, int64_t K, int64_t sL, int64_t sM, float* out,
+                          cudaStream_t s) {
+  const int esz = T == DType::kFloat32 ? 4 : 2;
+  const bool vec = K % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && (M <= 1 || (sM * esz) % 16 == 0) &&
+                   (L <= 1 || (sL * esz) % 16 == 0);
+  const int64_t work = vec ? L * M * (K / 16) : L * M * K;
+  if (vec) {
+    const int64_t g = grid_for(amax_kernel<T, true>, kThreads, work);
+    amax_kernel<T, true><<<unsigned(g), kThreads, 0, s>>>(x, L, M, K, sL, sM, reinterpret_cast<unsigned*>(out));
+  } else {
+    const int64_t g = grid_for(amax_kernel<T, false>, kThreads, work);
+    amax_kernel<T, false><<<unsigned(g), kThreads, 0, s>>>(x, L, M, K, sL, sM, reinterpret_cast<unsigned*>(out));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_amax(const void* x, DType t, int64_t L, int64_t M, int64_t K, int64_t sL, int64_t sM, float* out,
+                        cudaStream_t s) {
+  cudaError_t e = cudaMemsetAsync(out, 0, sizeof(float), s);
+  if (e != cudaSuccess) return e;
+  if (L * M * K == 0) return cudaSuccess;
+  switch (t) {
+    case DType::kFloat32: return launch_amax_t<DType::kFloat32>(x, L, M, K, sL, sM, out, s);
+    case DType::kFloat16: return launch_amax_t<DType::kFloat16>(x, L, M, K, sL, sM, out, s);
+    case DType::kBFloat16: return launch_amax_t<DType::kBFloat16>(x, L, M, K, sL, sM, out, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename Kernel>
+cudaError_t launch_q(Kernel k, const QArgs& a, int64_t units, size_t smem, cudaStream_t s) {
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
+  const int64_t g = grid_for(k, kThreads, units);
+  k<<<unsigned(g), kThreads, smem, s>>>(a);
+  return cudaGetLastError();
+}
+
+template <DType T>
+cudaError_t launch_vec_t(const QArgs& a, int64_t units, size_t smem, cudaStream_t s) {
+  switch (a.p.f.elem) {
+    case Elem::kE4M3: return launch_q(quantize_vec_kernel<T, Elem::kE4M3>, a, units, smem, s);
+    case Elem::kE5M2: return launch_q(quantize_vec_kernel<T, Elem::kE5M2>, a, units, smem, s);
+    case Elem::kE2M1: return launch_q(quantize_vec_kernel<T, Elem::kE2M1>, a, units, smem, s);
+    case Elem::kInt4: return launch_q(quantize_vec_kernel<T, Elem::kInt4>, a, units, smem, s);
+    case Elem::kUInt4: return launch_q(quantize_vec_kernel<T, Elem::kUInt4>, a, units, smem, s);
+    case Elem::kNF4: return launch_q(quantize_vec_kernel<T, Elem::kNF4>, a, units, smem, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+bool aligned(const void* p, int64_t a) { return reinterpret_cast<uintptr_t>(p) % uint64_t(a) == 0; }
+
+}  // namespace
+
+int tensor_amax(const void* x, DType t, int64_t L, int64_t M, int64_t K, int64_t sL, int64_t sM, float* out,
+                void* stream) {
+  return launch_amax(x, t, L, M, K, sL, sM, out, static_cast<cudaStream_t>(stream));
+}
+
+int quantize(const QuantPlan& p, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const BlockFormat& f = p.f;
+  if (f.rule == ScaleRule::kNvfp4 && p.global_amax && p.compute_global_amax) {
+    const cudaError_t e = launch_amax(p.x, p.x_dtype, p.L, p.M, p.K, p.x_sL, p.x_sM, p.global_amax, s);
+    if (e != cudaSuccess) return e;
+  }
+  QArgs a;
+  a.p = p;
+  a.C = p.K / f.block;
+  const ScalePlan& sp = p.sp;
+  if (sp.groups > 0) {
+    a.pad_row0 = 0;
+    a.pad_rows = sp.rows_pad;
+  } else {
+    a.pad_row0 = p.M;
+    a.pad_rows = sp.rows_pad - p.M;
+  }
+  a.pad_units = a.pad_rows > 0 && scale_cols_padded(sp.layout, a.C) > 0 ? p.L * a.pad_rows : 0;
+  if (sp.groups > 0) a.pad_units = (sp.batch_stride + 3) / 4;
+  const size_t smem = dev::group_smem_bytes(sp);
+  if (smem > 200 * 1024) return cudaErrorNotSupported;
+
+  const int esz = p.x_dtype == DType::kFloat32 ? 4 : 2;
+  const int qal = f.packed() ? 8 : 16;
+  const int64_t tpb = f.block / 16;
+  const int64_t cpr = p.K / 16;
+  const bool vec = f.block % 16 == 0 && tpb <= 16 && (tpb & (tpb - 1)) == 0 && aligned(p.x, 16) &&
+                   (p.M <= 1 || (p.x_sM * esz) % 16 == 0) && (p.L <= 1 || (p.x_sL * esz) % 16 == 0) &&
+                   aligned(p.q, qal) && (p.M <= 1 || p.q_sM % qal == 0) && (p.L <= 1 || p.q_sL % qal == 0) &&
+                   p.L * p.M * cpr < (int64_t(1) << 32) && cpr > 0;
+  if (vec) {
+    a.data_units = p.L * p.M * cpr;
+    a.cpr = FastDiv(uint32_t(cpr));
+    a.mdiv = FastDiv(uint32_t(p.M > 0 ? p.M : 1));
+    int lg = 0;
+    while ((int64_t(1) << lg) < tpb) ++lg;
+    a.tpb_log2 = lg;
+    const int64_t units = a.data_units + a.pad_units;
+    if (units == 0) return cudaSuccess;
+    switch (p.x_dtype) {
+      case DType::kFloat32: return launch_vec_t<DType::kFloat32>(a, units, smem, s);
+      case DType::kFloat16: return launch_vec_t<DType::kFloat16>(a, units, smem, s);
+      case DType::kBFloat16: return launch_vec_t<DType::kBFloat16>(a, units, smem, s);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  a.data_units = p.L * p.M * a.C;
+  const int64_t units = a.data_units + a.pad_units;
+  if (units == 0) return cudaSuccess;
+  return launch_q(quantize_generic_kernel, a, units, smem, s);
+}
+
+}  // namespace lowbit::cuda
