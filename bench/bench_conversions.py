@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -831,12 +830,20 @@ class Runner:
             try:
                 cfn = torch.compile(case.an_call, mode=args.compile_mode, dynamic=False)
                 t0 = time.perf_counter()
-                cfn(*an_args_list[0])
+                c_out = cfn(*an_args_list[0])
                 _sync(self.device)
                 compile_s = time.perf_counter() - t0
+                note = f"compile {compile_s:.1f}s"
+                if lb_out is not None:  # the compiled code's values too (Inductor may reassociate)
+                    try:
+                        f = _agree(case.lb_value(lb_out, m, k), case.an_value(c_out, m, k))
+                        note += f", compiled val={f:.4f}" + ("" if f >= case.min_agree else "(LOW)")
+                    except Exception as ex:  # noqa: BLE001
+                        note += f", compiled val=ERR({_err(ex)})"
+                del c_out
                 t = timed(cfn, an_args_list)
                 rows.append(Row(anchor="torch_compile", anchor_us=t.median_us, anchor_p10_us=t.p10_us,
-                                anchor_p90_us=t.p90_us, note=f"compile {compile_s:.1f}s", **base_row))
+                                anchor_p90_us=t.p90_us, note=note, **base_row))
             except Exception as ex:  # noqa: BLE001
                 rows.append(Row(anchor="torch_compile", error="anchor: " + _err(ex), **base_row))
                 if args.verbose:

@@ -158,7 +158,7 @@ def measure_ceilings(*, copy_bytes: int = 1 << 30, gemm_n: int = 8192, quick: bo
     try:
         src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda").random_(0, 255)
         dst = torch.empty_like(src)
-        t = time_fn(lambda: dst.copy_(src), warmup=3, iters=iters, flush_l2=False)
+        t = time_fn(lambda s, d: d.copy_(s), inputs=[(src, dst)], warmup=3, iters=iters, flush_l2=False)
         out["copy_tbs"] = 2 * copy_bytes / (t.median_us * 1e-6) / 1e12
         out["copy_note"] = f"Tensor.copy_ of {copy_bytes >> 20} MiB, (read + written) bytes, median of {t.iters}"
         del src, dst
@@ -171,7 +171,7 @@ def measure_ceilings(*, copy_bytes: int = 1 << 30, gemm_n: int = 8192, quick: bo
     try:
         a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-        t = time_fn(lambda: torch.matmul(a, b.t()), warmup=3, iters=iters, flush_l2=False)
+        t = time_fn(lambda x, y: torch.matmul(x, y.t()), inputs=[(a, b)], warmup=3, iters=iters, flush_l2=False)
         out["bf16_tflops"] = flops / (t.median_us * 1e-6) / 1e12
         out["bf16_note"] = f"torch.matmul bf16 {n}^3 (cuBLAS), median of {t.iters}"
     except Exception as ex:  # noqa: BLE001
@@ -184,8 +184,8 @@ def measure_ceilings(*, copy_bytes: int = 1 << 30, gemm_n: int = 8192, quick: bo
         b8 = b.to(torch.float8_e4m3fn)
         sa = torch.ones(n, 1, device="cuda", dtype=torch.float32)
         sb = torch.ones(1, n, device="cuda", dtype=torch.float32)
-        t = time_fn(lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
-                    warmup=3, iters=iters, flush_l2=False)
+        t = time_fn(lambda x, y: torch._scaled_mm(x, y.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+                    inputs=[(a8, b8)], warmup=3, iters=iters, flush_l2=False)
         out["fp8_tflops"] = flops / (t.median_us * 1e-6) / 1e12
         out["fp8_note"] = f"torch._scaled_mm e4m3 row-wise scales {n}^3, median of {t.iters}"
         del a8, b8
