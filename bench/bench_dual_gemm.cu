@@ -1,6 +1,6 @@
 // bench/bench_dual_gemm.cu: NVFP4 dual GEMM + SiLU against cuBLAS bf16 in the same process.
 //
-//   bench_dual_gemm [--quick]
+//   bench_dual_gemm [--quick] [--shape M N K]     (--shape: that shape only, e.g. under a profiler)
 //
 // Anchor (what a user would otherwise run): cuBLAS bf16 GEMM of A[M,K] against the two weight
 // matrices concatenated [2N, K] (one GEMM, fp32 accumulation, bf16 out), then silu(g) * u.
@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -98,7 +99,13 @@ double copy_tbps() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  int64_t only[3] = {0, 0, 0};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--shape") == 0 && i + 3 < argc)
+      for (int j = 0; j < 3; ++j) only[j] = std::atoll(argv[++i]);
+  }
   CK(cudaMalloc(&g_flush, kFlushBytes));
   cublasHandle_t h;
   cublasCreate(&h);
@@ -112,6 +119,7 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes = {{256, 4096, 7168}, {512, 4096, 7168}, {256, 3072, 4096}, {512, 3072, 7168},
                                {1, 4096, 7168},   {16, 4096, 7168},  {64, 4096, 7168},  {4096, 4096, 7168}};
   if (quick) shapes.resize(6);
+  if (only[0] > 0) shapes = {{only[0], only[1], only[2]}};
   std::printf("%-18s %10s %10s %10s %9s %9s %8s %8s %8s\n", "MxNxK", "lowbit_us", "prepack+", "cublas_us", "x_cublas",
               "TFLOP/s", "f_peak", "mem_us", "f_mem");
   std::mt19937 rng(1);

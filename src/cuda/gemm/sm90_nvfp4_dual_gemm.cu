@@ -29,6 +29,7 @@
 #include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "cuda/gemm/launch_gemm.hpp"
+#include "cuda/gemm/workspace.cuh"
 #include "lowbit/block_quant.hpp"
 #include "lowbit/gemm.hpp"
 
@@ -312,6 +313,12 @@ __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
       cute::warpgroup_wait<0>();
 #pragma unroll
       for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+      // NOTE: wgmma reads its A registers asynchronously: keep them live until the wait, or the
+      // compiler may place the next tile's fragments in the same registers.
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(a[s][j]);
       // every warpgroup is past its wgmma on stage it before anyone overwrites it
       __syncthreads();
       if (it + S < nkt) load_stage(it + S);
@@ -390,6 +397,8 @@ int nvfp4_dual_gemm_prepack(const DualGemmPlan& p, uint8_t* packed, void* stream
 
 int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  cudaMemPool_t pool = nullptr;
+  if (cudaError_t pe = workspace_pool(&pool); pe != cudaSuccess) return int(pe);
   cudaError_t e = cudaSuccess;
   uint8_t* own_packed = nullptr;
   uint16_t* act = nullptr;
@@ -412,11 +421,11 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
   splits = int((kTiles + per - 1) / per);
 
   if (!packed) {
-    e = cudaMallocAsync(reinterpret_cast<void**>(&own_packed), size_t(lowbit::nvfp4_dual_gemm_packed_bytes(p.N, p.K, p.L)), st);
+    e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&own_packed), size_t(lowbit::nvfp4_dual_gemm_packed_bytes(p.N, p.K, p.L)), pool, st);
     if (e == cudaSuccess) e = cudaError_t(nvfp4_dual_gemm_prepack(p, own_packed, stream));
     packed = own_packed;
   }
-  if (e == cudaSuccess) e = cudaMallocAsync(reinterpret_cast<void**>(&act), size_t(p.L * p.M * p.K * 2), st);
+  if (e == cudaSuccess) e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&act), size_t(p.L * p.M * p.K * 2), pool, st);
   if (e == cudaSuccess) {
     const int64_t blocks = p.L * p.M * (p.K / 16);
     const unsigned grid = unsigned(blocks / 256 + 1 < 4 * int64_t(sms) * 8 ? blocks / 256 + 1 : 4 * int64_t(sms) * 8);
@@ -424,7 +433,7 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
     e = cudaGetLastError();
   }
   if (e == cudaSuccess && splits > 1)
-    e = cudaMallocAsync(reinterpret_cast<void**>(&ws), size_t(splits) * p.L * p.M * p.N * 2 * sizeof(float), st);
+    e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ws), size_t(splits) * p.L * p.M * p.N * 2 * sizeof(float), pool, st);
   if (e == cudaSuccess) {
     MainArgs a{p, packed, act, ws, splits, per};
     // LOWBIT_DUAL_GEMM_SIMPLE=1 selects the unpipelined main loop (for comparisons)

@@ -1,0 +1,33 @@
+// src/cuda/gemm/workspace.cu: see workspace.cuh.
+#include <cstdint>
+#include <mutex>
+
+#include "cuda/gemm/workspace.cuh"
+
+namespace lowbit::cuda {
+
+cudaError_t workspace_pool(cudaMemPool_t* pool) {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static cudaMemPool_t pools[kMaxDevices] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!pools[dev]) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    e = cudaMemPoolCreate(&pools[dev], &props);
+    if (e != cudaSuccess) return e;
+    uint64_t threshold = UINT64_MAX;
+    e = cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &threshold);
+    if (e != cudaSuccess) return e;
+  }
+  *pool = pools[dev];
+  return cudaSuccess;
+}
+
+}  // namespace lowbit::cuda
