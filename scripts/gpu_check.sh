@@ -116,6 +116,7 @@ fi
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 # Ubuntu 24.04's system Python refuses pip installs without this (PEP 668); harmless elsewhere.
 export PIP_BREAK_SYSTEM_PACKAGES=1
+export PYTHONUNBUFFERED=1  # logs stay complete when a step is stopped by its time limit
 
 # --- 1. the Python package -----------------------------------------------------------------
 pkg_ok=1
