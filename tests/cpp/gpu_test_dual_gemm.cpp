@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -139,8 +138,7 @@ void run_case(const Case& cs) {
   Dev<float> damax(hamax);
   Dev<uint16_t> dc(static_cast<size_t>(L * M * N));
   Dev<uint8_t> packed(static_cast<size_t>(nvfp4_dual_gemm_packed_bytes(N, K, L)));
-  for (const char* variant : {"0", "1"}) {
-    setenv("LOWBIT_DUAL_GEMM_SIMPLE", variant, 1);
+  {
     cudaMemset(dc.p, 0xFF, dc.n * 2);  // poison: NaN
     auto x = make_args(da.p, db1.p, db2.p, dsa.p, dsb1.p, dsb2.p, damax.p, dc.p, Device::kCUDA);
     if (cs.prepack) {
@@ -152,27 +150,28 @@ void run_case(const Case& cs) {
     nvfp4_dual_gemm_silu(x);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(cs);
     const auto got = dc.get();
+    // fp16 output: the GPU MODE rule 1e-3 + 1e-3 |ref|. bf16 output cannot meet a 1e-3 relative
+    // rule (its spacing is up to 2^-7 relative): there, one bf16 ulp.
+    const double rtol = cs.bf16_out ? 1.0 / 128.0 : 1e-3;
     int64_t bad = 0;
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       const float r = cs.bf16_out ? decode_bf16(ref[i]) : decode_fp16(ref[i]);
       const float g = cs.bf16_out ? decode_bf16(got[i]) : decode_fp16(got[i]);
-      const bool ok = (std::isnan(r) && std::isnan(g)) || (std::isinf(r) && g == r) ||
-                      std::abs(double(g) - r) <= 1e-3 + 1e-3 * std::abs(double(r));
+      const double tol = 1e-3 + rtol * std::abs(double(r));
+      const bool ok = (std::isnan(r) && std::isnan(g)) || (std::isinf(r) && g == r) || std::abs(double(g) - r) <= tol;
       if (!ok) {
         if (bad < 5)
-          ADD_FAILURE() << name(cs) << " simple=" << variant << ": element " << i << " (m=" << (i / N) % M
+          ADD_FAILURE() << name(cs) << ": element " << i << " (m=" << (i / N) % M
                         << ", n=" << i % N << ", l=" << i / (M * N) << ") got " << g << " want " << r;
         ++bad;
       }
       if (std::isfinite(r) && std::isfinite(g))
-        worst = std::max(worst, std::abs(double(g) - r) / (1e-3 + 1e-3 * std::abs(double(r))));
+        worst = std::max(worst, std::abs(double(g) - r) / (1e-3 + rtol * std::abs(double(r))));
     }
-    EXPECT_EQ(bad, 0) << name(cs) << " simple=" << variant;
-    std::printf("[dual gemm] %-52s simple=%s max err / tol = %.3f, misses %lld\n", name(cs).c_str(), variant, worst,
-                (long long)bad);
+    EXPECT_EQ(bad, 0) << name(cs);
+    std::printf("[dual gemm] %-52s max err / tol = %.3f, misses %lld\n", name(cs).c_str(), worst, (long long)bad);
   }
-  unsetenv("LOWBIT_DUAL_GEMM_SIMPLE");
 }
 
 }  // namespace

@@ -23,7 +23,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <utility>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
@@ -232,13 +231,13 @@ __device__ __forceinline__ void dequant_fragments(const uint8_t* chunk, int wtid
   }
 }
 
-/// kPipelined: the fragments of k tile it+1 are dequantized while the wgmma of tile it run.
-template <int NT, int S, bool kPipelined>
+template <int NT, int S>
 __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   constexpr int kActBytes = NT * 128;
   constexpr int kStageBytes = kActBytes + ((2 * kChunkBytes + 1023) / 1024) * 1024;
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // NOTE: offset, not a uintptr_t round trip, so the compiler keeps the shared address space (LDS)
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
 
   const DualGemmPlan& p = A.p;
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
@@ -253,22 +252,41 @@ __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
   const uint8_t* wsrc = A.packed + ((l * rowBlocks + 2 * bx) * kTiles) * kChunkBytes;
   const uint16_t* asrc = A.act + (l * p.M) * p.K;
 
+  // Each thread's cp.async pieces of a stage: sources advance by a fixed stride per k tile.
+  constexpr int kWPieces = 2 * kChunkBytes / 16;            // weight pieces per stage
+  constexpr int kWIters = (kWPieces + 255) / 256;
+  constexpr int kAIters = (NT * 8 + 255) / 256;               // activation pieces per stage
+  const uint8_t* wptr[kWIters];
+  uint32_t wdst[kWIters];
+  bool wok[kWIters];
+#pragma unroll
+  for (int j = 0; j < kWIters; ++j) {
+    const int i = tid + 256 * j, c = i / (kChunkBytes / 16), off = (i % (kChunkBytes / 16)) * 16;
+    wok[j] = i < kWPieces;
+    wptr[j] = wsrc + (int64_t(c) * kTiles + kt0) * kChunkBytes + off;
+    wdst[j] = uint32_t(kActBytes + c * kChunkBytes + off);
+  }
+  const uint16_t* aptr[kAIters];
+  uint32_t adst[kAIters];
+  bool aok[kAIters], aload[kAIters];
+#pragma unroll
+  for (int j = 0; j < kAIters; ++j) {
+    const int i = tid + 256 * j, r = i >> 3, c = i & 7;
+    const int64_t tok = tok0 + r;
+    aload[j] = i < NT * 8;
+    aok[j] = tok < p.M;
+    aptr[j] = aok[j] ? asrc + tok * p.K + kt0 * kTileK + c * 8 : asrc;
+    adst[j] = uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+  }
+  const uint32_t smem_base = smem_u32(smem);
   auto load_stage = [&](int64_t it) {
-    uint8_t* st = smem + (it % S) * kStageBytes;
-    const int64_t kt = kt0 + it;
-    // weights: two chunks (row blocks 2bx, 2bx+1), 16-byte pieces
-    for (int i = tid; i < 2 * kChunkBytes / 16; i += 256) {
-      const int c = i / (kChunkBytes / 16), off = (i % (kChunkBytes / 16)) * 16;
-      cp_async16(smem_u32(st + kActBytes + c * kChunkBytes + off), wsrc + (c * kTiles + kt) * kChunkBytes + off, true);
-    }
-    // activations: NT rows x 128 B, 128B-swizzled (16 B piece c of row r at r*128 + (c ^ (r&7))*16)
-    for (int i = tid; i < NT * 8; i += 256) {
-      const int r = i >> 3, c = i & 7;
-      const int64_t tok = tok0 + r;
-      const bool ok = tok < p.M;
-      const uint16_t* src = ok ? asrc + tok * p.K + kt * kTileK + c * 8 : asrc;
-      cp_async16(smem_u32(st + r * 128 + ((c ^ (r & 7)) << 4)), src, ok);
-    }
+    const uint32_t st = smem_base + uint32_t((it % S) * kStageBytes);
+#pragma unroll
+    for (int j = 0; j < kWIters; ++j)
+      if (wok[j]) cp_async16(st + wdst[j], wptr[j] + it * kChunkBytes, true);
+#pragma unroll
+    for (int j = 0; j < kAIters; ++j)
+      if (aload[j]) cp_async16(st + adst[j], aok[j] ? aptr[j] + it * kTileK : aptr[j], aok[j]);
   };
 
   float acc[NT / 2];
@@ -281,54 +299,6 @@ __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
     cp_async_commit();
   }
   const int g = 16 * warp + (lane >> 2);
-  if constexpr (kPipelined) {
-    // prologue: tile 0 ready, its fragments dequantized
-    uint32_t a[4][4];
-    if (nkt > 0) {
-      cp_async_wait<S - 2>();
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      __syncthreads();
-      if (S - 1 < nkt) load_stage(S - 1);
-      cp_async_commit();
-      dequant_fragments(smem + kActBytes + wg * kChunkBytes, wtid, g, a);
-    }
-    for (int64_t it = 0; it < nkt; ++it) {
-      const uint32_t abase = smem_u32(smem + (it % S) * kStageBytes);
-#pragma unroll
-      for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
-      cute::warpgroup_arrive();
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-        wgmma_call<NT>(a[s], desc_sw128(abase + s * 32), acc, std::make_index_sequence<NT / 2>{});
-      cute::warpgroup_commit_batch();
-      uint32_t an[4][4];
-      if (it + 1 < nkt) {
-        // NOTE: stage it+S is (it % S): still read by the wgmma in flight, so it is loaded
-        // only after the wait below; here we only wait for tile it+1 and dequantize it.
-        cp_async_wait<S - 2>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        dequant_fragments(smem + ((it + 1) % S) * kStageBytes + kActBytes + wg * kChunkBytes, wtid, g, an);
-      }
-      cute::warpgroup_wait<0>();
-#pragma unroll
-      for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
-      // NOTE: wgmma reads its A registers asynchronously: keep them live until the wait, or the
-      // compiler may place the next tile's fragments in the same registers.
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(a[s][j]);
-      // every warpgroup is past its wgmma on stage it before anyone overwrites it
-      __syncthreads();
-      if (it + S < nkt) load_stage(it + S);
-      cp_async_commit();
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[s][j] = an[s][j];
-    }
-  } else
   for (int64_t it = 0; it < nkt; ++it) {
     cp_async_wait<S - 2>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -374,11 +344,11 @@ __global__ void finalize_kernel(DualGemmPlan p, const float* ws, int splits) {
   }
 }
 
-template <int NT, int S, bool kPipelined>
+template <int NT, int S>
 cudaError_t launch_main(const MainArgs& a, cudaStream_t st) {
   constexpr int kStageBytes = NT * 128 + ((2 * kChunkBytes + 1023) / 1024) * 1024;
   constexpr int smem = S * kStageBytes + 1024;
-  auto kern = dual_gemm_kernel<NT, S, kPipelined>;
+  auto kern = dual_gemm_kernel<NT, S>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const DualGemmPlan& p = a.p;
@@ -436,14 +406,11 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ws), size_t(splits) * p.L * p.M * p.N * 2 * sizeof(float), pool, st);
   if (e == cudaSuccess) {
     MainArgs a{p, packed, act, ws, splits, per};
-    // LOWBIT_DUAL_GEMM_SIMPLE=1 selects the unpipelined main loop (for comparisons)
-    const char* v = std::getenv("LOWBIT_DUAL_GEMM_SIMPLE");
-    const bool simple = v && v[0] == '1';
     switch (NT) {
-      case 16: e = simple ? launch_main<16, 8, false>(a, st) : launch_main<16, 8, true>(a, st); break;
-      case 32: e = simple ? launch_main<32, 6, false>(a, st) : launch_main<32, 6, true>(a, st); break;
-      case 64: e = simple ? launch_main<64, 5, false>(a, st) : launch_main<64, 5, true>(a, st); break;
-      default: e = simple ? launch_main<128, 4, false>(a, st) : launch_main<128, 4, true>(a, st); break;
+      case 16: e = launch_main<16, 8>(a, st); break;
+      case 32: e = launch_main<32, 6>(a, st); break;
+      case 64: e = launch_main<64, 5>(a, st); break;
+      default: e = launch_main<128, 4>(a, st); break;
     }
   }
   if (e == cudaSuccess && splits > 1) {
