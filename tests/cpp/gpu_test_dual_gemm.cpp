@@ -151,8 +151,9 @@ void run_case(const Case& cs) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(cs);
     const auto got = dc.get();
     // fp16 output: the GPU MODE rule 1e-3 + 1e-3 |ref|. bf16 output cannot meet a 1e-3 relative
-    // rule (its spacing is up to 2^-7 relative): there, one bf16 ulp.
-    const double rtol = cs.bf16_out ? 1.0 / 128.0 : 1e-3;
+    // rule (its spacing is up to 2^-7 relative): there, two bf16 ulps (two roundings of values
+    // whose fp32 and fp64 sums differ after cancellation).
+    const double rtol = cs.bf16_out ? 1.0 / 64.0 : 1e-3;
     int64_t bad = 0;
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
