@@ -104,8 +104,9 @@ __device__ __forceinline__ uint16_t hw_e5m2x2(float lo, float hi) {
 /// codec); Saturate::kNone: overflow -> NaN (E4M3, |v| > 464) or Inf (E5M2, |v| >= 61440).
 template <bool kE5M2>
 __device__ __forceinline__ uint32_t fp8_fix(uint32_t h, float v, Saturate sat) {
+  // NOTE: satfinite hardware already maps every NaN to 0x7F (raw_hw_* self-test checks)
+  if (sat == Saturate::kFinite) return h;
   const float a = fabsf(v);
-  if (sat == Saturate::kFinite) return v != v ? 0x7Fu : h;
   const bool over = kE5M2 ? !(a < 61440.0f) : !(a <= 464.0f);
   if (!over) return h;
   if (v != v) return 0x7Fu;
@@ -179,17 +180,13 @@ __device__ __forceinline__ uint32_t enc_bf16x2(float lo, float hi) {
 __device__ __forceinline__ uint32_t enc_e2m1(float v) {
   const uint32_t u = fbits(v);
   const uint32_t a = u & 0x7FFFFFFFu;
-  const uint32_t sign = (u >> 28) & 8u;
-  if (a > 0x7F800000u) return 7u;
-  uint32_t c;
-  if (a < 0x3F800000u) {
-    c = fbits(bitsf(a) + 4194304.0f) - 0x4A800000u;  // multiples of 0.5, RNE
-  } else {
-    const uint32_t r = (a + 0x1FFFFFu + ((a >> 22) & 1u)) >> 22;  // (exp, 1 mantissa bit), RNE
-    c = r - 252u;
-    c = c < 7u ? c : 7u;
-  }
-  return sign | c;
+  // |v| < 1: multiples of 0.5 through the 2^22 magic sum (RNE)
+  const uint32_t c_sub = fbits(bitsf(a) + 4194304.0f) - 0x4A800000u;
+  // |v| >= 1: round the fp32 bits to (exponent, 1 mantissa bit), RNE, saturate at code 7
+  const uint32_t r = (a + 0x1FFFFFu + ((a >> 22) & 1u)) >> 22;
+  const uint32_t c_nrm = min(r - 252u, 7u);
+  const uint32_t c = (a < 0x3F800000u ? c_sub : c_nrm) | ((u >> 28) & 8u);
+  return a > 0x7F800000u ? 7u : c;
 }
 
 /// NF4 code of x (= encode_nf4): the number of thresholds strictly below x, by binary search
@@ -224,11 +221,11 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {
   return r;
 }
 __device__ __forceinline__ void st_stream(void* p, uint4 v) {
-  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 }
 __device__ __forceinline__ void st_stream8(void* p, uint2 v) {
-  asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
 }
 
 /// Raw 16-element input chunk: fp32 needs 4 x 16 B, fp16 / bf16 2 x 16 B.
@@ -290,8 +287,9 @@ struct GroupMap {
 
 /// Largest G whose map is staged in shared memory (2 x 8 B x (G+1)).
 constexpr int64_t kMaxSmemGroups = 2047;
+/// Shared bytes of one staged map: ind + start (G+1 each) + 1024 scan slots.
 inline size_t group_smem_bytes(const detail::ScalePlan& sp) {
-  return sp.groups > 0 ? size_t(2 * 8 * (sp.groups + 1)) : 0;
+  return sp.groups > 0 ? size_t(8 * (2 * (sp.groups + 1) + 1024)) : 0;
 }
 
 /// Stages m_indptr and the padded starts (exclusive scan for kCumsum) in `smem`; all threads
@@ -312,7 +310,7 @@ __device__ inline GroupMap stage_groups(const detail::ScalePlan& sp, int64_t* sm
   } else if (sp.layout.group_pad == GroupPad::kCumsum) {
     // st[g] = sum_{i<g} round_up(m_i, 128): each thread scans a contiguous piece, then the
     // piece totals are scanned by thread 0 over at most blockDim pieces.
-    __shared__ int64_t piece[1024];
+    int64_t* piece = smem + 2 * n;  // blockDim.x <= 1024 slots
     const int64_t per = (n + blockDim.x - 1) / blockDim.x;
     const int64_t b = threadIdx.x * per, e = b + per < n ? b + per : n;
     int64_t s = 0;

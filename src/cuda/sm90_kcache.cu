@@ -33,7 +33,9 @@ __global__ void kc_zero_scale(const KCachePlan p) {
   }
 }
 
-// one thread: (b, token chunk, h, channel pair)
+// one thread: (b, token chunk, h, channel pair); the dtype is a template argument so the
+// unrolled token loop is straight-line code with its loads in flight together
+template <DType T>
 __global__ void __launch_bounds__(kThreads) kc_amax(const KCachePlan p, int64_t tchunks) {
   const int64_t D2 = p.D / 2;
   const int64_t n = p.B * tchunks * p.H * D2;
@@ -50,8 +52,8 @@ __global__ void __launch_bounds__(kThreads) kc_amax(const KCachePlan p, int64_t 
 #pragma unroll 8
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t o = base + t * p.k_s[1];
-      const uint32_t x0 = float_bits(load_float(p.k, p.k_dtype, o)) & 0x7FFFFFFFu;
-      const uint32_t x1 = float_bits(load_float(p.k, p.k_dtype, o + p.k_s[3])) & 0x7FFFFFFFu;
+      const uint32_t x0 = float_bits(load_float(p.k, T, o)) & 0x7FFFFFFFu;
+      const uint32_t x1 = float_bits(load_float(p.k, T, o + p.k_s[3])) & 0x7FFFFFFFu;
       a0 = x0 > a0 ? x0 : a0;
       a1 = x1 > a1 ? x1 : a1;
     }
@@ -288,7 +290,20 @@ int kcache_quantize(const KCachePlan& p, void* stream) {
   }
   if (p.T == 0) return cudaGetLastError();
   const int64_t tchunks = (p.T + kTokChunk - 1) / kTokChunk;
-  kc_amax<<<unsigned(grid_for(kc_amax, kThreads, p.B * tchunks * p.H * (p.D / 2))), kThreads, 0, s>>>(p, tchunks);
+  {
+    const int64_t n = p.B * tchunks * p.H * (p.D / 2);
+    switch (p.k_dtype) {
+      case DType::kFloat32:
+        kc_amax<DType::kFloat32><<<unsigned(grid_for(kc_amax<DType::kFloat32>, kThreads, n)), kThreads, 0, s>>>(p, tchunks);
+        break;
+      case DType::kFloat16:
+        kc_amax<DType::kFloat16><<<unsigned(grid_for(kc_amax<DType::kFloat16>, kThreads, n)), kThreads, 0, s>>>(p, tchunks);
+        break;
+      default:
+        kc_amax<DType::kBFloat16><<<unsigned(grid_for(kc_amax<DType::kBFloat16>, kThreads, n)), kThreads, 0, s>>>(p, tchunks);
+        break;
+    }
+  }
   if (vec_ok(p)) {
     const int64_t units = p.B * p.T * p.H * (p.D / 16);
     const FastDiv d16(uint32_t(p.D / 16)), hd(uint32_t(p.H)), td(uint32_t(p.T));

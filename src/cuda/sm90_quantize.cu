@@ -91,11 +91,13 @@ __device__ __forceinline__ void write_pad_row(const QArgs& a, const dev::GroupMa
     }
     return;
   }
-  const int64_t l = pu / a.pad_rows;
-  const int64_t s = a.pad_row0 + pu % a.pad_rows;
   const int64_t Cp = scale_cols_padded(sp.layout, a.C);
+  const int64_t cq = (Cp + 3) / 4;  // column quads per padding row
+  const int64_t quad = pu % cq, lr = pu / cq;
+  const int64_t l = lr / a.pad_rows;
+  const int64_t s = a.pad_row0 + lr % a.pad_rows;
   const int64_t base = l * sp.batch_stride;
-  for (int64_t c = 0; c < Cp; ++c) {
+  for (int64_t c = quad * 4; c < quad * 4 + 4 && c < Cp; ++c) {
     const int64_t o = base + scale_offset(sp.layout, sp.rows_pad, sp.cols, s, c);
     store_code(p.scales, p.f.scale_type, o, 0u);
     if (p.zeros) p.zeros[o] = 0;
@@ -158,36 +160,32 @@ __device__ __forceinline__ void encode16(const float* v, const float* nf4t, uint
 }
 
 template <DType T, Elem E>
-__global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const QArgs a) {
-  extern __shared__ int64_t smem[];
-  __shared__ float nf4t[16];
-  setup_tables<E>(nf4t);
-  if (E == Elem::kNF4) __syncthreads();
-  const QuantPlan& p = a.p;
-  const dev::GroupMap gm = dev::stage_groups(p.sp, smem);
+struct VecQuant {
+  static constexpr bool kMinMax = E == Elem::kUInt4;
+  static constexpr bool kPacked = elem_bits(E) == 4;
+  static constexpr int kEsz = T == DType::kFloat32 ? 4 : 2;
+
+  const QArgs& a;
+  const dev::GroupMap& gm;
+  const float* nf4t;
   QuantContext ctx;
-  ctx.s_enc = load_global_amax_scale(p);
-  constexpr bool kMinMax = E == Elem::kUInt4;
-  constexpr bool kPacked = elem_bits(E) == 4;
-  constexpr int kEsz = T == DType::kFloat32 ? 4 : 2;
-  const int tpb = 1 << a.tpb_log2;
-  const unsigned lane = threadIdx.x & 31u;
-  const unsigned gmask = (tpb >= 32 ? 0xFFFFFFFFu : ((1u << tpb) - 1u) << (lane & ~unsigned(tpb - 1)));
-  const int64_t total = a.data_units + a.pad_units;
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
-  for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < total; u += stride) {
-    if (u >= a.data_units) {
-      write_pad_row(a, gm, u - a.data_units);
-      continue;
-    }
+  int tpb;
+  unsigned gmask;
+
+  __device__ __forceinline__ void coords(int64_t u, uint32_t& l, uint32_t& m, uint32_t& j) const {
     const uint32_t uu = uint32_t(u);
     const uint32_t row = a.cpr.div(uu);
-    const uint32_t j = uu - row * a.cpr.d;
-    const uint32_t l = a.mdiv.div(row);
-    const uint32_t m = row - l * a.mdiv.d;
-    const char* xp = static_cast<const char*>(p.x) + (int64_t(l) * p.x_sL + int64_t(m) * p.x_sM + int64_t(j) * 16) * kEsz;
-    dev::Chunk16<T> ch;
-    ch.load(xp);
+    j = uu - row * a.cpr.d;
+    l = a.mdiv.div(row);
+    m = row - l * a.mdiv.d;
+  }
+  __device__ __forceinline__ const char* src(uint32_t l, uint32_t m, uint32_t j) const {
+    const QuantPlan& p = a.p;
+    return static_cast<const char*>(p.x) + (int64_t(l) * p.x_sL + int64_t(m) * p.x_sM + int64_t(j) * 16) * kEsz;
+  }
+
+  __device__ __forceinline__ void process(const dev::Chunk16<T>& ch, uint32_t l, uint32_t m, uint32_t j) const {
+    const QuantPlan& p = a.p;
     float v[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) v[i] = ch.get(i);
@@ -199,10 +197,7 @@ __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const QArgs a) {
     } else {
       uint32_t am = 0;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const uint32_t b = dev::fbits(v[i]) & 0x7FFFFFFFu;
-        am = b > am ? b : am;
-      }
+      for (int i = 0; i < 16; ++i) am = max(am, dev::fbits(v[i]) & 0x7FFFFFFFu);
       st.amax_bits = am;
     }
     merge_shfl(st, gmask, tpb, kMinMax);
@@ -237,6 +232,40 @@ __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const QArgs a) {
     }
     if ((j & uint32_t(tpb - 1)) == 0) write_block_scale(a, gm, l, m, j >> a.tpb_log2, b);
   }
+};
+
+template <DType T, Elem E>
+__global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const QArgs a) {
+  extern __shared__ int64_t smem[];
+  __shared__ float nf4t[16];
+  setup_tables<E>(nf4t);
+  if (E == Elem::kNF4) __syncthreads();
+  const QuantPlan& p = a.p;
+  const dev::GroupMap gm = dev::stage_groups(p.sp, smem);
+  const int tpb = 1 << a.tpb_log2;
+  const unsigned lane = threadIdx.x & 31u;
+  VecQuant<T, E> w{a, gm, nf4t, QuantContext{}, tpb,
+                   tpb >= 32 ? 0xFFFFFFFFu : ((1u << tpb) - 1u) << (lane & ~unsigned(tpb - 1))};
+  w.ctx.s_enc = load_global_amax_scale(p);
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  // NOTE: two chunks per iteration, both loads issued before either is processed (more bytes
+  // in flight per thread); data_units is a multiple of the block's lanes, so `has1` is uniform
+  // over the lanes that shuffle together.
+  for (int64_t u = first; u < a.data_units; u += 2 * stride) {
+    const bool has1 = u + stride < a.data_units;
+    uint32_t l0, m0, j0, l1 = 0, m1 = 0, j1 = 0;
+    w.coords(u, l0, m0, j0);
+    dev::Chunk16<T> c0, c1;
+    c0.load(w.src(l0, m0, j0));
+    if (has1) {
+      w.coords(u + stride, l1, m1, j1);
+      c1.load(w.src(l1, m1, j1));
+    }
+    w.process(c0, l0, m0, j0);
+    if (has1) w.process(c1, l1, m1, j1);
+  }
+  for (int64_t pu = first; pu < a.pad_units; pu += stride) write_pad_row(a, gm, pu);
 }
 
 // Generic: one thread per block, scalar loads (any block size, alignment or stride).
@@ -394,7 +423,7 @@ int quantize(const QuantPlan& p, void* stream) {
     a.pad_row0 = p.M;
     a.pad_rows = sp.rows_pad - p.M;
   }
-  a.pad_units = a.pad_rows > 0 && scale_cols_padded(sp.layout, a.C) > 0 ? p.L * a.pad_rows : 0;
+  a.pad_units = a.pad_rows > 0 ? p.L * a.pad_rows * ((scale_cols_padded(sp.layout, a.C) + 3) / 4) : 0;
   if (sp.groups > 0) a.pad_units = (sp.batch_stride + 3) / 4;
   const size_t smem = dev::group_smem_bytes(sp);
   if (smem > 200 * 1024) return cudaErrorNotSupported;

@@ -19,7 +19,7 @@ template <typename E>
 __global__ void __launch_bounds__(kThreads) convert_layout_kernel(const LayoutPlan p) {
   extern __shared__ int64_t smem[];
   const dev::GroupMap gfrom = dev::stage_groups(p.from, smem);
-  const dev::GroupMap gto = dev::stage_groups(p.to, smem + (p.from.groups > 0 ? 2 * (p.from.groups + 1) : 0));
+  const dev::GroupMap gto = dev::stage_groups(p.to, smem + (p.from.groups > 0 ? 2 * (p.from.groups + 1) + 1024 : 0));
   const E* in = static_cast<const E*>(p.in);
   E* out = static_cast<E*>(p.out);
   const int64_t bs = p.to.batch_stride;

@@ -91,29 +91,64 @@ struct CArgs {
   Saturate sat = Saturate::kFinite;
 };
 
+/// 16 raw input elements (16-byte loads).
 template <DType T>
-__device__ __forceinline__ void load16(const void* base, int64_t elem_off, float* v) {
-  const char* p = static_cast<const char*>(base);
-  if (T == DType::kFloat32 || T == DType::kFloat16 || T == DType::kBFloat16) {
-    dev::Chunk16<T> ch;
-    ch.load(p + elem_off * dtype_bytes(T));
+struct Raw16 {
+  static constexpr int kWords = dtype_bytes(T) * 4;
+  uint32_t w[kWords];
+  __device__ __forceinline__ void load(const void* base, int64_t elem_off) {
+    const uint4* q = reinterpret_cast<const uint4*>(static_cast<const char*>(base) + elem_off * dtype_bytes(T));
 #pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = ch.get(i);
-  } else {
-    const uint4 w = dev::ld_stream(p + elem_off);
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t pair = ws[i >> 1] >> ((i & 1) * 16);
-      dev::dec_fp8x2<T == DType::kE5M2>(pair, v + 2 * i);
-      v[2 * i] = dev::canon_nan(v[2 * i], (pair & 0x80u) << 24);
-      v[2 * i + 1] = dev::canon_nan(v[2 * i + 1], (pair & 0x8000u) << 16);
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4 v = dev::ld_stream(q + i);
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
     }
   }
-}
+  __device__ __forceinline__ uint32_t bits(int i) const {
+    constexpr int b = dtype_bytes(T);
+    if (b == 4) return w[i];
+    if (b == 2) return (w[i >> 1] >> ((i & 1) * 16)) & 0xFFFFu;
+    return (w[i >> 2] >> ((i & 3) * 8)) & 0xFFu;
+  }
+  /// Hardware decode; NaN inputs give some NaN (returns true if any value is NaN).
+  __device__ __forceinline__ bool decode_fast(float* v) const {
+    if (T == DType::kFloat32) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = dev::bitsf(w[i]);
+      return false;  // bits are copied exactly, NaN included
+    } else if (T == DType::kBFloat16) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = dev::bitsf(bits(i) << 16);
+      return false;
+    } else if (T == DType::kFloat16) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = __half2float(__ushort_as_half(uint16_t(bits(i))));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) dev::dec_fp8x2<T == DType::kE5M2>(w[i >> 1] >> ((i & 1) * 16), v + 2 * i);
+    }
+    float acc = v[0];
+#pragma unroll
+    for (int i = 1; i < 16; ++i) asm("max.NaN.f32 %0, %0, %1;" : "+f"(acc) : "f"(v[i]));
+    return acc != acc;
+  }
+  /// Exact decode (load_float semantics: canonical NaN with the sign kept).
+  __device__ __forceinline__ void decode_exact(float* v) const {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t b = bits(i);
+      if (T == DType::kFloat16) v[i] = dev::dec_f16(uint16_t(b));
+      else if (T == DType::kE4M3) v[i] = decode_e4m3(uint8_t(b));
+      else if (T == DType::kE5M2) v[i] = decode_e5m2(uint8_t(b));
+    }
+  }
+};
 
 template <DType O>
-__device__ __forceinline__ void cast_store16(void* base, int64_t elem_off, const float* v, Saturate sat) {
+__device__ __forceinline__ void cast_store16(void* base, int64_t elem_off, const float* v, Saturate sat, bool nan) {
   char* p = static_cast<char*>(base);
   if (O == DType::kFloat32) {
     uint4* q = reinterpret_cast<uint4*>(p + elem_off * 4);
@@ -124,9 +159,19 @@ __device__ __forceinline__ void cast_store16(void* base, int64_t elem_off, const
   } else if (O == DType::kBFloat16 || O == DType::kFloat16) {
     uint32_t w[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      w[i] = O == DType::kBFloat16 ? dev::enc_bf16x2(v[2 * i], v[2 * i + 1])
-                                   : uint32_t(dev::enc_f16(v[2 * i])) | (uint32_t(dev::enc_f16(v[2 * i + 1])) << 16);
+    for (int i = 0; i < 8; ++i) {
+      if (O == DType::kBFloat16) {
+        if (nan) {
+          w[i] = dev::enc_bf16x2(v[2 * i], v[2 * i + 1]);
+        } else {
+          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+        }
+      } else {
+        w[i] = nan ? uint32_t(dev::enc_f16(v[2 * i])) | (uint32_t(dev::enc_f16(v[2 * i + 1])) << 16)
+                   : uint32_t(__half_as_ushort(__float2half_rn(v[2 * i]))) |
+                         (uint32_t(__half_as_ushort(__float2half_rn(v[2 * i + 1]))) << 16);
+      }
+    }
     uint4* q = reinterpret_cast<uint4*>(p + elem_off * 2);
     dev::st_stream(q, make_uint4(w[0], w[1], w[2], w[3]));
     dev::st_stream(q + 1, make_uint4(w[4], w[5], w[6], w[7]));
@@ -134,9 +179,27 @@ __device__ __forceinline__ void cast_store16(void* base, int64_t elem_off, const
     constexpr bool k5 = O == DType::kE5M2;
     uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = dev::enc_fp8x4<k5>(v + 4 * i, sat);
+    for (int i = 0; i < 4; ++i)
+      w[i] = sat == Saturate::kFinite ? dev::enc_fp8x4_finite<k5>(v + 4 * i) : dev::enc_fp8x4<k5>(v + 4 * i, sat);
     dev::st_stream(p + elem_off, make_uint4(w[0], w[1], w[2], w[3]));
   }
+}
+
+/// One 16-element chunk: hardware path, exact path for chunks that hold a NaN.
+template <DType I, DType O>
+__device__ __forceinline__ void cast_chunk(const void* x, int64_t xo, void* out, int64_t oo, Saturate sat) {
+  Raw16<I> r;
+  r.load(x, xo);
+  float v[16];
+  bool nan = r.decode_fast(v);
+  if (nan) r.decode_exact(v);
+  if (I == DType::kFloat32 || I == DType::kBFloat16) {  // NaN passes through exactly: still check
+    float acc = v[0];
+#pragma unroll
+    for (int i = 1; i < 16; ++i) asm("max.NaN.f32 %0, %0, %1;" : "+f"(acc) : "f"(v[i]));
+    nan = acc != acc;
+  }
+  cast_store16<O>(out, oo, v, sat, nan);
 }
 
 template <DType I, DType O>
@@ -154,9 +217,7 @@ __global__ void __launch_bounds__(kThreads) cast_vec_kernel(const CArgs a) {
       xo += idx * a.xs[d];
       oo += idx * a.os[d];
     }
-    float v[16];
-    load16<I>(a.x, xo, v);
-    cast_store16<O>(a.out, oo, v, a.sat);
+    cast_chunk<I, O>(a.x, xo, a.out, oo, a.sat);
   }
 }
 
@@ -166,9 +227,7 @@ template <DType I, DType O>
 __global__ void __launch_bounds__(kThreads) cast_flat_kernel(const void* x, void* out, int64_t chunks, Saturate sat) {
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < chunks; u += stride) {
-    float v[16];
-    load16<I>(x, u * 16, v);
-    cast_store16<O>(out, u * 16, v, sat);
+    cast_chunk<I, O>(x, u * 16, out, u * 16, sat);
   }
 }
 
