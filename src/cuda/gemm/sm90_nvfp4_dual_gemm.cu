@@ -23,7 +23,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <utility>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
@@ -326,134 +325,6 @@ __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
   epilogue_store<NT>(A, acc, l, bx, tok0, wg, warp, lane, split);
 }
 
-// mbarrier helpers (CTA scope)
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nLAB_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/// Arrives on `bar` once all prior cp.async of this thread have landed (counted in the init count).
-__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
-/// Warp-specialized main loop: warpgroup 0 produces (cp.async into S stages, completion on a
-/// "full" mbarrier per stage); warpgroups 1 and 2 consume (dequantize their 64 weight rows, wgmma,
-/// release the stage on its "empty" mbarrier). The consumers are not barrier-locked to each
-/// other, so one's dequantization overlaps the other's tensor-core work.
-template <int NT, int S>
-__global__ void __launch_bounds__(384, 1) dual_gemm_ws_kernel(MainArgs A) {
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  constexpr int kActBytes = NT * 128;
-  constexpr int kStageBytes = kActBytes + ((2 * kChunkBytes + 1023) / 1024) * 1024;
-  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  const uint32_t smem_base = smem_u32(smem);
-  const uint32_t full_bar = smem_base + S * kStageBytes, empty_bar = full_bar + 8 * S;
-
-  const DualGemmPlan& p = A.p;
-  const int tid = threadIdx.x;
-  const int64_t bx = blockIdx.x, tok0 = int64_t(blockIdx.y) * NT;
-  const int split = int(blockIdx.z % A.splits);
-  const int64_t l = blockIdx.z / A.splits;
-  const int64_t kTiles = p.K / kTileK;
-  const int64_t kt0 = int64_t(split) * A.k_tiles_per_split;
-  const int64_t kt1 = kt0 + A.k_tiles_per_split < kTiles ? kt0 + A.k_tiles_per_split : kTiles;
-  const int64_t nkt = kt1 > kt0 ? kt1 - kt0 : 0;
-
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(full_bar + 8 * s, 128);
-      mbar_init(empty_bar + 8 * s, 256);
-    }
-  }
-  __syncthreads();
-
-  if (tid < 128) {
-    // ---------------- producer warpgroup ----------------
-    const int64_t rowBlocks = 2 * p.N / kRowsPerWG;
-    const uint8_t* wsrc = A.packed + ((l * rowBlocks + 2 * bx) * kTiles) * kChunkBytes;
-    const uint16_t* asrc = A.act + (l * p.M) * p.K;
-    constexpr int kWPieces = 2 * kChunkBytes / 16;
-    constexpr int kWIters = (kWPieces + 127) / 128;
-    constexpr int kAIters = (NT * 8 + 127) / 128;
-    const uint8_t* wptr[kWIters];
-    uint32_t wdst[kWIters];
-    bool wok[kWIters];
-#pragma unroll
-    for (int j = 0; j < kWIters; ++j) {
-      const int i = tid + 128 * j, c = i / (kChunkBytes / 16), off = (i % (kChunkBytes / 16)) * 16;
-      wok[j] = i < kWPieces;
-      wptr[j] = wsrc + (int64_t(c) * kTiles + kt0) * kChunkBytes + off;
-      wdst[j] = uint32_t(kActBytes + c * kChunkBytes + off);
-    }
-    const uint16_t* aptr[kAIters];
-    uint32_t adst[kAIters];
-    bool aok[kAIters], aload[kAIters];
-#pragma unroll
-    for (int j = 0; j < kAIters; ++j) {
-      const int i = tid + 128 * j, r = i >> 3, c = i & 7;
-      const int64_t tok = tok0 + r;
-      aload[j] = i < NT * 8;
-      aok[j] = tok < p.M;
-      aptr[j] = aok[j] ? asrc + tok * p.K + kt0 * kTileK + c * 8 : asrc;
-      adst[j] = uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
-    }
-    for (int64_t it = 0; it < nkt; ++it) {
-      const int s = int(it % S);
-      if (it >= S) mbar_wait(empty_bar + 8 * s, uint32_t(((it / S) & 1) ^ 1));
-      const uint32_t st = smem_base + uint32_t(s * kStageBytes);
-#pragma unroll
-      for (int j = 0; j < kWIters; ++j)
-        if (wok[j]) cp_async16(st + wdst[j], wptr[j] + it * kChunkBytes, true);
-#pragma unroll
-      for (int j = 0; j < kAIters; ++j)
-        if (aload[j]) cp_async16(st + adst[j], aok[j] ? aptr[j] + it * kTileK : aptr[j], aok[j]);
-      cp_async_arrive(full_bar + 8 * s);
-    }
-    cp_async_wait<0>();
-    return;
-  }
-
-  // ---------------- consumer warpgroups ----------------
-  const int wg = (tid - 128) >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
-  const int g = 16 * warp + (lane >> 2);
-  float acc[NT / 2];
-#pragma unroll
-  for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
-  for (int64_t it = 0; it < nkt; ++it) {
-    const int s = int(it % S);
-    mbar_wait(full_bar + 8 * s, uint32_t((it / S) & 1));
-    // NOTE: the stage was written through the generic proxy (cp.async): order it before the
-    // async-proxy reads of wgmma.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    const uint8_t* st = smem + s * kStageBytes;
-    uint32_t a[4][4];
-    dequant_fragments(st + kActBytes + wg * kChunkBytes, wtid, g, a);
-    const uint32_t abase = smem_base + uint32_t(s * kStageBytes);
-#pragma unroll
-    for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      wgmma_call<NT>(a[k], desc_sw128(abase + k * 32), acc, std::make_index_sequence<NT / 2>{});
-    cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
-    mbar_arrive(empty_bar + 8 * s);
-  }
-  epilogue_store<NT>(A, acc, l, bx, tok0, wg, warp, lane, split);
-}
-
 /// Split-K finalize: sum the partials in split order, then SiLU * up.
 __global__ void finalize_kernel(DualGemmPlan p, const float* ws, int splits) {
   const int64_t n = p.L * p.M * p.N;
@@ -476,16 +347,13 @@ __global__ void finalize_kernel(DualGemmPlan p, const float* ws, int splits) {
 template <int NT, int S>
 cudaError_t launch_main(const MainArgs& a, cudaStream_t st) {
   constexpr int kStageBytes = NT * 128 + ((2 * kChunkBytes + 1023) / 1024) * 1024;
-  constexpr int smem = S * kStageBytes + 1024 + 16 * S;  // stages, alignment slack, mbarriers
-  // LOWBIT_DUAL_GEMM_KERNEL=v1 runs the non-specialized loop (comparison while tuning)
-  const char* v = std::getenv("LOWBIT_DUAL_GEMM_KERNEL");
-  const bool v1 = v && v[0] == 'v' && v[1] == '1';
-  auto kern = v1 ? dual_gemm_kernel<NT, S> : dual_gemm_ws_kernel<NT, S>;
+  constexpr int smem = S * kStageBytes + 1024;  // stages + alignment slack
+  auto kern = dual_gemm_kernel<NT, S>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const DualGemmPlan& p = a.p;
   dim3 grid(unsigned(p.N / 64), unsigned((p.M + NT - 1) / NT), unsigned(p.L * a.splits));
-  kern<<<grid, v1 ? 256 : 384, smem, st>>>(a);
+  kern<<<grid, 256, smem, st>>>(a);
   return cudaGetLastError();
 }
 
