@@ -150,16 +150,23 @@ void run_case(const Case& cs) {
     nvfp4_dual_gemm_silu(x);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << name(cs);
     const auto got = dc.get();
-    // fp16 output: the GPU MODE rule 1e-3 + 1e-3 |ref|. bf16 output cannot meet a 1e-3 relative
-    // rule (its spacing is up to 2^-7 relative): there, two bf16 ulps (two roundings of values
-    // whose fp32 and fp64 sums differ after cancellation).
+    // fp16 output: the GPU MODE rule 1e-3 + 1e-3 |ref|, unchanged. bf16 output (an option, used
+    // with the wide-scale all-codes data) cannot meet a 1e-3 relative rule (its spacing is up to
+    // 2^-7 relative): there two bf16 ulps, plus 2^-12 of the largest |ref| for elements whose
+    // sums cancel (fp32 accumulation error is relative to the terms, not to the result).
     const double rtol = cs.bf16_out ? 1.0 / 64.0 : 1e-3;
+    double ref_max = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double r = cs.bf16_out ? decode_bf16(ref[i]) : decode_fp16(ref[i]);
+      if (std::isfinite(r)) ref_max = std::max(ref_max, std::abs(r));
+    }
+    const double atol = 1e-3 + (cs.bf16_out ? ref_max / 4096.0 : 0.0);
     int64_t bad = 0;
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       const float r = cs.bf16_out ? decode_bf16(ref[i]) : decode_fp16(ref[i]);
       const float g = cs.bf16_out ? decode_bf16(got[i]) : decode_fp16(got[i]);
-      const double tol = 1e-3 + rtol * std::abs(double(r));
+      const double tol = atol + rtol * std::abs(double(r));
       const bool ok = (std::isnan(r) && std::isnan(g)) || (std::isinf(r) && g == r) || std::abs(double(g) - r) <= tol;
       if (!ok) {
         if (bad < 5)
@@ -168,7 +175,7 @@ void run_case(const Case& cs) {
         ++bad;
       }
       if (std::isfinite(r) && std::isfinite(g))
-        worst = std::max(worst, std::abs(double(g) - r) / (1e-3 + rtol * std::abs(double(r))));
+        worst = std::max(worst, std::abs(double(g) - r) / (atol + rtol * std::abs(double(r))));
     }
     EXPECT_EQ(bad, 0) << name(cs);
     std::printf("[dual gemm] %-52s max err / tol = %.3f, misses %lld\n", name(cs).c_str(), worst, (long long)bad);
