@@ -15,6 +15,13 @@ import sys as _sys
 
 from . import _C
 from ._formats import FORMAT_NAMES, LAYOUTS, Format, Quantized
+from .gemm import (
+    custom_kernel,
+    gpt_oss_moe_mlp,
+    group_gemm_mxfp4_nt_groupwise,
+    nvfp4_dual_gemm_prepack,
+    nvfp4_dual_gemm_silu,
+)
 from .ops import (
     block_scale_deinterleave,
     block_scale_interleave,
@@ -42,6 +49,8 @@ __all__ = [
     "tensor_amax", "nf4_kcache_quantize", "nf4_kcache_dequantize",
     "mxfp8_quantize", "mxfp4_quantize", "nvfp4_quantize", "per_token_group_quant",
     "block_scale_interleave", "block_scale_deinterleave",
+    "nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "custom_kernel", "group_gemm_mxfp4_nt_groupwise",
+    "gpt_oss_moe_mlp",
 ]
 
 

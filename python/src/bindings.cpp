@@ -20,6 +20,7 @@
 
 #include "lowbit/error.hpp"
 #include "lowbit/format.hpp"
+#include "lowbit/gemm.hpp"
 #include "lowbit/ops.hpp"
 
 namespace nb = nanobind;
@@ -327,6 +328,114 @@ NB_MODULE(_C, m) {
       },
       "codes"_a, "scale"_a, "residual"_a.none(), "residual_dtype"_a, "out"_a, "out_dtype"_a, "nibbles"_a, "stream"_a = 0,
       "out = nf4[code] * scale (+ residual) (lowbit::nf4_kcache_dequantize).");
+
+  // ---------------------------------------------------------------------------------------------
+  // GEMMs (lowbit/gemm.hpp)
+  nb::enum_<lowbit::ActQuant>(m, "ActQuant").value("bf16", lowbit::ActQuant::kBF16).value("mxfp8", lowbit::ActQuant::kMXFP8);
+
+  m.def("nvfp4_dual_gemm_packed_bytes", &lowbit::nvfp4_dual_gemm_packed_bytes, "N"_a, "K"_a, "L"_a = 1,
+        "Bytes of the prepacked NVFP4 dual-GEMM weights.");
+
+  m.def(
+      "nvfp4_dual_gemm",
+      [](const Array& a, const OptArray& b1, const OptArray& b2, const Array& sfa, const OptArray& sfb1,
+         const OptArray& sfb2, lowbit::ScaleLayoutKind sf_kind, const OptArray& amax_a, const OptArray& amax_b1,
+         const OptArray& amax_b2, const Array& c, lowbit::DType c_dtype, const OptArray& packed_b, uintptr_t stream) {
+        const char* op = "nvfp4_dual_gemm_silu";
+        lowbit::DualGemmArgs x;
+        auto u8 = [&](const OptArray& t, const char* arg) {
+          return t ? to_view(*t, lowbit::DType::kUInt8, op, arg) : lowbit::TensorView{};
+        };
+        auto e4 = [&](const OptArray& t, const char* arg) {
+          return t ? to_view(*t, lowbit::DType::kE4M3, op, arg) : lowbit::TensorView{};
+        };
+        x.a = to_view(a, lowbit::DType::kUInt8, op, "a");
+        x.b1 = u8(b1, "b1");
+        x.b2 = u8(b2, "b2");
+        x.sfa = to_view(sfa, lowbit::DType::kE4M3, op, "sfa");
+        x.sfb1 = e4(sfb1, "sfb1");
+        x.sfb2 = e4(sfb2, "sfb2");
+        x.sf_layout = make_layout(sf_kind, 1, lowbit::GroupPad::kNone);
+        x.amax_a = opt_view(amax_a, op, "amax_a");
+        x.amax_b1 = opt_view(amax_b1, op, "amax_b1");
+        x.amax_b2 = opt_view(amax_b2, op, "amax_b2");
+        x.c = to_view(c, c_dtype, op, "c");
+        x.packed_b = u8(packed_b, "packed_b");
+        nb::gil_scoped_release release;
+        lowbit::nvfp4_dual_gemm_silu(x, make_stream(stream));
+      },
+      "a"_a, "b1"_a.none(), "b2"_a.none(), "sfa"_a, "sfb1"_a.none(), "sfb2"_a.none(), "sf_layout"_a,
+      "amax_a"_a.none() = nb::none(), "amax_b1"_a.none() = nb::none(), "amax_b2"_a.none() = nb::none(), "c"_a,
+      "c_dtype"_a, "packed_b"_a.none() = nb::none(), "stream"_a = 0,
+      "C = silu(A B1^T) * (A B2^T) on NVFP4 operands (lowbit::nvfp4_dual_gemm_silu).");
+
+  m.def(
+      "nvfp4_dual_gemm_prepack",
+      [](const Array& b1, const Array& b2, const Array& sfb1, const Array& sfb2, lowbit::ScaleLayoutKind sf_kind,
+         const Array& packed, uintptr_t stream) {
+        const char* op = "nvfp4_dual_gemm_prepack";
+        lowbit::DualGemmArgs x;
+        x.b1 = to_view(b1, lowbit::DType::kUInt8, op, "b1");
+        x.b2 = to_view(b2, lowbit::DType::kUInt8, op, "b2");
+        x.sfb1 = to_view(sfb1, lowbit::DType::kE4M3, op, "sfb1");
+        x.sfb2 = to_view(sfb2, lowbit::DType::kE4M3, op, "sfb2");
+        x.sf_layout = make_layout(sf_kind, 1, lowbit::GroupPad::kNone);
+        const lowbit::TensorView pv = to_view(packed, lowbit::DType::kUInt8, op, "packed");
+        nb::gil_scoped_release release;
+        lowbit::nvfp4_dual_gemm_prepack(x, pv, make_stream(stream));
+      },
+      "b1"_a, "b2"_a, "sfb1"_a, "sfb2"_a, "sf_layout"_a, "packed"_a, "stream"_a = 0,
+      "Prepacks the dual-GEMM weights into the kernel layout (lowbit::nvfp4_dual_gemm_prepack).");
+
+  m.def(
+      "group_gemm_mxfp4",
+      [](const Array& a, lowbit::DType a_dtype, const OptArray& a_scale, lowbit::ScaleLayoutKind a_kind,
+         lowbit::GroupPad a_pad, const Array& b, const Array& b_scale, lowbit::ScaleLayoutKind b_kind,
+         const Array& m_indptr, const Array& out, lowbit::DType out_dtype, uintptr_t stream) {
+        const char* op = "group_gemm_mxfp4_nt_groupwise";
+        lowbit::GroupGemmArgs x;
+        x.a = to_view(a, a_dtype, op, "a");
+        x.a_scale = a_scale ? to_view(*a_scale, lowbit::DType::kUE8M0, op, "a_scale") : lowbit::TensorView{};
+        x.a_scale_layout = make_layout(a_kind, 1, a_pad);
+        x.b = to_view(b, lowbit::DType::kUInt8, op, "b");
+        x.b_scale = to_view(b_scale, lowbit::DType::kUE8M0, op, "b_scale");
+        x.b_scale_layout = make_layout(b_kind, 1, lowbit::GroupPad::kNone);
+        x.m_indptr = to_view(m_indptr, infer_dtype(m_indptr, op, "m_indptr"), op, "m_indptr");
+        x.out = to_view(out, out_dtype, op, "out");
+        nb::gil_scoped_release release;
+        lowbit::group_gemm_mxfp4_nt_groupwise(x, make_stream(stream));
+      },
+      "a"_a, "a_dtype"_a, "a_scale"_a.none(), "a_scale_layout"_a, "a_group_pad"_a, "b"_a, "b_scale"_a,
+      "b_scale_layout"_a, "m_indptr"_a, "out"_a, "out_dtype"_a, "stream"_a = 0,
+      "out[m] = A[m] @ B[g]^T per group (lowbit::group_gemm_mxfp4_nt_groupwise).");
+
+  m.def(
+      "gpt_oss_moe_mlp",
+      [](const Array& x, lowbit::DType x_dtype, const Array& ids, const Array& weights, const Array& w1,
+         const Array& w1_scale, const Array& b1, lowbit::DType b1_dtype, const Array& w2, const Array& w2_scale,
+         const Array& b2, lowbit::DType b2_dtype, float alpha, float limit, lowbit::ActQuant act, const Array& out,
+         lowbit::DType out_dtype, uintptr_t stream) {
+        const char* op = "gpt_oss_moe_mlp";
+        lowbit::MoeMlpArgs a;
+        a.x = to_view(x, x_dtype, op, "x");
+        a.topk_ids = to_view(ids, lowbit::DType::kInt32, op, "topk_ids");
+        a.topk_weights = to_view(weights, lowbit::DType::kFloat32, op, "topk_weights");
+        a.w1 = to_view(w1, lowbit::DType::kUInt8, op, "w1");
+        a.w1_scale = to_view(w1_scale, lowbit::DType::kUE8M0, op, "w1_scale");
+        a.b1 = to_view(b1, b1_dtype, op, "b1");
+        a.w2 = to_view(w2, lowbit::DType::kUInt8, op, "w2");
+        a.w2_scale = to_view(w2_scale, lowbit::DType::kUE8M0, op, "w2_scale");
+        a.b2 = to_view(b2, b2_dtype, op, "b2");
+        a.alpha = alpha;
+        a.limit = limit;
+        a.act = act;
+        a.out = to_view(out, out_dtype, op, "out");
+        nb::gil_scoped_release release;
+        lowbit::gpt_oss_moe_mlp(a, make_stream(stream));
+      },
+      "x"_a, "x_dtype"_a, "topk_ids"_a, "topk_weights"_a, "w1"_a, "w1_scale"_a, "b1"_a, "b1_dtype"_a, "w2"_a,
+      "w2_scale"_a, "b2"_a, "b2_dtype"_a, "alpha"_a, "limit"_a, "act"_a, "out"_a, "out_dtype"_a, "stream"_a = 0,
+      "The gpt-oss expert MLP (lowbit::gpt_oss_moe_mlp).");
 
   m.def(
       "build_info",

@@ -1,0 +1,179 @@
+"""GEMM operations on lowbit formats (C++: include/lowbit/gemm.hpp).
+
+CUDA tensors run the sm_90a kernels on the current torch stream; host arrays run the CPU
+reference (fp32 dequantization, fp64 sums). An op whose CUDA kernel is not built raises
+NotImplementedError rather than falling back silently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _C
+from ._arrays import Backend, as_array, c_view, dtype_name, is_torch, same_backend
+
+_KINDS = {"row_major": _C.ScaleLayoutKind.row_major, "blocked128x4": _C.ScaleLayoutKind.blocked128x4}
+_PADS = {"flashinfer": _C.GroupPad.flashinfer, "cumsum": _C.GroupPad.cumsum}
+
+
+def _choice(value, table, arg, op):
+    if value not in table:
+        raise ValueError(f"{op}: argument '{arg}': expected one of {sorted(table)}, got {value!r}")
+    return table[value]
+
+
+def _bytes(x, op, arg):
+    """A uint8 view of a 1-byte array (packed fp4, fp8 scales given as torch / ml_dtypes types)."""
+    if x is None:
+        return None
+    x = as_array(x, op, arg, float_default=False)
+    if is_torch(x):
+        t = __import__("torch")
+        if x.element_size() != 1:
+            raise ValueError(f"{op}: argument '{arg}': expected 1-byte elements, got {x.dtype}")
+        return x if x.dtype == t.uint8 else x.view(t.uint8)
+    if x.dtype.itemsize != 1:
+        raise ValueError(f"{op}: argument '{arg}': expected 1-byte elements, got {x.dtype}")
+    return x if x.dtype == np.uint8 else x.view(np.uint8)
+
+
+def _f32(x, be: Backend, op, arg):
+    if x is None:
+        return None
+    x = be.adopt(x, op, arg, "float32")
+    return c_view(x, op, arg)[0]
+
+
+def nvfp4_dual_gemm_silu(a, b1=None, b2=None, sfa=None, sfb1=None, sfb2=None, *, scale_layout: str = "row_major",
+                         amax_a=None, amax_b1=None, amax_b2=None, out=None, out_dtype="float16", packed_b=None,
+                         n: int | None = None):
+    """NVFP4 dual GEMM with fused SiLU (the SwiGLU of an LLM MLP)::
+
+        C[m, n, l] = silu(G) * U,  G = sum_k A[m,k,l] B1[n,k,l],  U = sum_k A[m,k,l] B2[n,k,l]
+
+    Every operand element is e2m1(code) * e4m3(scale of its 16 K-elements) (x the NVFP4
+    per-tensor decode scale 1 / (2688 / amax) when ``amax_*`` is given); sums in fp32, SiLU and
+    product in fp32, C rounded to ``out_dtype`` (float16 or bfloat16).
+
+    a: [M, K/2, L] or [M, K/2] packed E2M1 (uint8 / float4_e2m1fn_x2, element 2k in the low
+    nibble; the GPU MODE [M, K/2, L] views of (L, M, K/2) storage are taken as they are).
+    b1, b2: [N, K/2, L] or [N, K/2]. sfa / sfb1 / sfb2: E4M3 block scales, "row_major" (the
+    reference [MN, K/16, L] tensors) or "blocked128x4" (the permuted [32, 4, MN/128, 4, K/64, L]
+    tensors). packed_b: weights from nvfp4_dual_gemm_prepack (then b1/b2/sfb1/sfb2 are omitted
+    and N is taken from ``out`` or ``n``). Constraints: N % 128 == 0, K % 64 == 0; any M, L.
+    Returns C ([M, N, L] view of (L, M, N) storage for 3-D inputs, else [M, N]).
+    """
+    op = "nvfp4_dual_gemm_silu"
+    a = _bytes(a, op, "a")
+    if a.ndim not in (2, 3):
+        raise ValueError(f"{op}: argument 'a': expected [M, K/2, L] or [M, K/2], got shape {tuple(a.shape)}")
+    for arg, v in (("b1", b1), ("b2", b2), ("sfa", sfa), ("sfb1", sfb1), ("sfb2", sfb2), ("out", out)):
+        same_backend(a, v, op, arg)
+    M, L = int(a.shape[0]), int(a.shape[2]) if a.ndim == 3 else 1
+    be = Backend(a)
+    if out is None:
+        if packed_b is not None:
+            if n is None:
+                raise ValueError(f"{op}: argument 'n': give n (or out) with prepacked weights")
+            N = int(n)
+        else:
+            if b1 is None:
+                raise ValueError(f"{op}: argument 'b1': is required without packed_b")
+            N = int(b1.shape[0])
+        oname = dtype_name(out_dtype, op, "out_dtype")
+        if a.ndim == 3:
+            out = be.empty((L, M, N), oname)
+            out = out.permute(1, 2, 0) if be.torch else np.transpose(out, (1, 2, 0))
+        else:
+            out = be.empty((M, N), oname)
+    cv, cdt = c_view(out, op, "out")
+    with be.guard():
+        _C.nvfp4_dual_gemm(a, _bytes(b1, op, "b1"), _bytes(b2, op, "b2"), _bytes(sfa, op, "sfa"),
+                           _bytes(sfb1, op, "sfb1"), _bytes(sfb2, op, "sfb2"),
+                           _choice(scale_layout, _KINDS, "scale_layout", op), _f32(amax_a, be, op, "amax_a"),
+                           _f32(amax_b1, be, op, "amax_b1"), _f32(amax_b2, be, op, "amax_b2"), cv, cdt,
+                           _bytes(packed_b, op, "packed_b"), stream=be.stream())
+    return out
+
+
+def nvfp4_dual_gemm_prepack(b1, b2, sfb1, sfb2, *, scale_layout: str = "row_major"):
+    """Prepares the dual-GEMM weights once (load time): returns a uint8 CUDA tensor of
+    ``_C.nvfp4_dual_gemm_packed_bytes(N, K, L)`` bytes in the kernel's layout (gate/up rows
+    interleaved by 8, each thread's wgmma fragments contiguous), for
+    ``nvfp4_dual_gemm_silu(a, sfa=..., packed_b=packed, n=N)``."""
+    op = "nvfp4_dual_gemm_prepack"
+    b1 = _bytes(b1, op, "b1")
+    N, K = int(b1.shape[0]), 2 * int(b1.shape[1])
+    L = int(b1.shape[2]) if b1.ndim == 3 else 1
+    be = Backend(b1)
+    packed = be.empty((_C.nvfp4_dual_gemm_packed_bytes(N, K, L),), "uint8")
+    with be.guard():
+        _C.nvfp4_dual_gemm_prepack(b1, _bytes(b2, op, "b2"), _bytes(sfb1, op, "sfb1"), _bytes(sfb2, op, "sfb2"),
+                                   _choice(scale_layout, _KINDS, "scale_layout", op), packed, stream=be.stream())
+    return packed
+
+
+def custom_kernel(data):
+    """Drop-in for the GPU MODE task: ``data`` is the 10-tuple
+    ``(a, b1, b2, sfa, sfb1, sfb2, sfa_permuted, sfb1_permuted, sfb2_permuted, c)``; writes
+    ``c = silu(a @ b1^T) * (a @ b2^T)`` (fp16, [M, N, L]) using the permuted scales and returns c."""
+    a, b1, b2, _, _, _, sfa_p, sfb1_p, sfb2_p, c = data
+    nvfp4_dual_gemm_silu(a, b1, b2, sfa_p, sfb1_p, sfb2_p, scale_layout="blocked128x4", out=c)
+    return c
+
+
+def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="bfloat16", *,
+                                  a_scale_layout: str = "blocked128x4", b_scale_layout: str = "blocked128x4",
+                                  group_pad: str = "flashinfer", out=None):
+    """Grouped GEMM for MoE (FlashInfer conventions): ``out[m] = A[m] @ B[g]^T`` for the rows
+    ``m_indptr[g] <= m < m_indptr[g+1]`` of group g. A [cum_m, K] is MXFP8 (float8_e4m3fn /
+    float8_e5m2 codes, ``a_scale`` UE8M0 per 32 K-elements: "blocked128x4" with per-group
+    128-row padding (``group_pad``) or "row_major") or bfloat16 (W4A16, ``a_scale`` None).
+    B [G, N, K/2] is MXFP4 (E2M1, element 2k in the low nibble) with ``b_scale`` UE8M0 per 32
+    ("blocked128x4" per expert or "row_major"). Values are code * 2^(scale - 127); fp32 sums.
+    K % 32 == 0, N % 8 == 0; empty groups allowed."""
+    op = "group_gemm_mxfp4_nt_groupwise"
+    a = as_array(a, op, "a", float_default=False)
+    be = Backend(a)
+    aname = dtype_name(a.dtype, op, "a")
+    av, adt = c_view(a, op, "a")
+    m_indptr = be.adopt(m_indptr, op, "m_indptr", "int32")
+    if out is None:
+        out = be.empty((int(a.shape[0]), int(b.shape[1])), dtype_name(out_dtype, op, "out_dtype"))
+    ov, odt = c_view(out, op, "out")
+    pad = _choice(group_pad, _PADS, "group_pad", op) if a_scale_layout == "blocked128x4" else _C.GroupPad.none
+    with be.guard():
+        _C.group_gemm_mxfp4(av, adt, None if aname == "bfloat16" else _bytes(a_scale, op, "a_scale"),
+                            _choice(a_scale_layout, _KINDS, "a_scale_layout", op), pad, _bytes(b, op, "b"),
+                            _bytes(b_scale, op, "b_scale"), _choice(b_scale_layout, _KINDS, "b_scale_layout", op),
+                            c_view(m_indptr, op, "m_indptr")[0], ov, odt, stream=be.stream())
+    return out
+
+
+def gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2, *, alpha: float = 1.702,
+                    limit: float = 7.0, act: str = "bf16", out_dtype=None, out=None):
+    """The gpt-oss expert MLP in one call. For each token t and routed expert e = topk_ids[t, j]:
+    ``h = act(x[t]) @ W1[e]^T + b1[e]`` (gate = h[0::2], up = h[1::2]); ``g = min(gate, limit)``,
+    ``u = clamp(up, -limit, limit)``; ``y = g * sigmoid(alpha g) * (u + 1)``;
+    ``out[t] += topk_weights[t, j] * (act(y) @ W2[e]^T + b2[e])`` (j in order; id -1 skips).
+    W1 [E, 2I, H/2] / W2 [E, H, I/2] MXFP4 codes with UE8M0 scales [E, 2I, H/32] / [E, H, I/32]
+    (``lowbit convert-gpt-oss``); act "bf16" (W4A16) or "mxfp8" (activations quantized, RCEIL)."""
+    op = "gpt_oss_moe_mlp"
+    x = as_array(x, op, "x")
+    be = Backend(x)
+    xv, xdt = c_view(x, op, "x")
+    b1 = as_array(b1, op, "b1")
+    b2 = as_array(b2, op, "b2")
+    b1v, b1dt = c_view(b1, op, "b1")
+    b2v, b2dt = c_view(b2, op, "b2")
+    if out is None:
+        out = be.empty(tuple(int(s) for s in x.shape), dtype_name(out_dtype or x.dtype, op, "out_dtype"))
+    ov, odt = c_view(out, op, "out")
+    acts = {"bf16": _C.ActQuant.bf16, "mxfp8": _C.ActQuant.mxfp8}
+    with be.guard():
+        _C.gpt_oss_moe_mlp(xv, xdt, c_view(be.adopt(topk_ids, op, "topk_ids", "int32"), op, "topk_ids")[0],
+                           c_view(be.adopt(topk_weights, op, "topk_weights", "float32"), op, "topk_weights")[0],
+                           _bytes(w1, op, "w1"), _bytes(w1_scale, op, "w1_scale"), b1v, b1dt, _bytes(w2, op, "w2"),
+                           _bytes(w2_scale, op, "w2_scale"), b2v, b2dt, float(alpha), float(limit),
+                           _choice(act, acts, "act", op), ov, odt, stream=be.stream())
+    return out
