@@ -261,13 +261,19 @@ void convert_scale_layout(const TensorView& in, const ScaleLayout& from, const T
   p.in = in.data;
   p.out = out.data;
   p.elem_bytes = dtype_bytes(in.dtype);
-  // L from the ungrouped side
-  const ScaleLayout& plain = from.group_pad == GroupPad::kNone ? from : to;
-  const TensorView& plain_t = from.group_pad == GroupPad::kNone ? in : out;
-  const int64_t per = scale_size(plain, R, C);
-  if (per == 0) c.fail("R", "R and C must be positive");
-  if (plain_t.numel() % per != 0) c.fail(&plain_t == &in ? "in" : "out", "element count is not a whole number of " + std::to_string(R) + " x " + std::to_string(C) + " matrices in this layout: " + plain_t.describe());
-  p.L = plain_t.numel() / per;
+  if (R == 0 || C == 0) c.fail("R", "R and C must be positive");
+  if (from.group_pad != GroupPad::kNone && to.group_pad != GroupPad::kNone) {
+    p.L = 1;  // grouped -> grouped (e.g. FlashInfer padding -> cumsum padding): one matrix
+  } else {
+    // L from the ungrouped side
+    const ScaleLayout& plain = from.group_pad == GroupPad::kNone ? from : to;
+    const TensorView& plain_t = from.group_pad == GroupPad::kNone ? in : out;
+    const int64_t per = scale_size(plain, R, C);
+    if (plain_t.numel() % per != 0)
+      c.fail(&plain_t == &in ? "in" : "out", "element count is not a whole number of " + std::to_string(R) + " x " +
+                                                 std::to_string(C) + " matrices in this layout: " + plain_t.describe());
+    p.L = plain_t.numel() / per;
+  }
   ScalePlan* sides[2] = {&p.from, &p.to};
   const ScaleLayout* ls[2] = {&from, &to};
   const TensorView* ts[2] = {&in, &out};

@@ -417,3 +417,30 @@ TEST(ConvertScaleLayout, GroupedRoundTrip) {
     EXPECT_EQ(back, rm);
   }
 }
+
+// Grouped -> grouped: FlashInfer padding to cumsum padding and back, bit-exact, padding zero.
+TEST(LayoutsGrouped, FlashInferToCumsumRoundTrip) {
+  using namespace lowbit;
+  const std::vector<int32_t> ind = {0, 127, 254, 254, 300};
+  const int64_t M = 300, C = 3, G = 4;
+  std::vector<uint8_t> rm(static_cast<size_t>(M * C));
+  for (size_t i = 0; i < rm.size(); ++i) rm[i] = uint8_t(1 + i % 251);
+  const TensorView iv(const_cast<int32_t*>(ind.data()), DType::kInt32, {G + 1});
+  const int64_t Cp = 4;
+  std::vector<uint8_t> fi(static_cast<size_t>(grouped_rows_alloc(GroupPad::kFlashInfer, M, G) * Cp), 0xEE);
+  std::vector<uint8_t> cs(static_cast<size_t>(grouped_rows_alloc(GroupPad::kCumsum, M, G) * Cp), 0xEE);
+  std::vector<uint8_t> back(rm.size(), 0xEE);
+  convert_scale_layout(TensorView(rm.data(), DType::kUInt8, {M, C}), ScaleLayout::row_major(),
+                       TensorView(fi.data(), DType::kUInt8, {int64_t(fi.size())}),
+                       ScaleLayout::blocked128x4(GroupPad::kFlashInfer), M, C, iv);
+  convert_scale_layout(TensorView(fi.data(), DType::kUInt8, {int64_t(fi.size())}),
+                       ScaleLayout::blocked128x4(GroupPad::kFlashInfer), TensorView(cs.data(), DType::kUInt8, {int64_t(cs.size())}),
+                       ScaleLayout::blocked128x4(GroupPad::kCumsum), M, C, iv);
+  convert_scale_layout(TensorView(cs.data(), DType::kUInt8, {int64_t(cs.size())}), ScaleLayout::blocked128x4(GroupPad::kCumsum),
+                       TensorView(back.data(), DType::kUInt8, {M, C}), ScaleLayout::row_major(), M, C, iv);
+  EXPECT_EQ(back, rm);
+  // every byte of the cumsum layout is either a scale of some (r, c) or zero padding
+  int64_t nonzero = 0;
+  for (uint8_t b : cs) nonzero += b != 0;
+  EXPECT_EQ(nonzero, M * C);
+}
