@@ -3,26 +3,23 @@
 //   C[m, n] = silu(sum_k A[m,k] B1[n,k]) * (sum_k A[m,k] B2[n,k])      (per batch l)
 //
 // Hopper has no FP4 or block-scaled MMA, and E2M1 x E4M3 products are not exact in E4M3, so the
-// exact path is bf16 wgmma: every NVFP4 value e2m1 * e4m3 has <= 6 significant bits and lies in
-// [2^-10, 2688] (exact in bf16), bf16 x bf16 products are exact in fp32, only the fp32
-// accumulation rounds.
+// exact path is bf16 wgmma (every NVFP4 value e2m1 * e4m3 has <= 6 significant bits and lies in
+// [2^-10, 2688]: exact in bf16; bf16 x bf16 products are exact in fp32; only the fp32
+// accumulation rounds).
 //
-// Design ("swap AB", warp-specialized, both wgmma operands in shared memory):
-//  * The 2N weight rows are the wgmma M side, tokens are wgmma N (16..128). Gate and up rows are
-//    interleaved in groups of 8, so the accumulator rows r and r+8 a thread owns are gate and
-//    up of one feature: SiLU * up happens in registers. A CTA owns 128 weight rows.
-//  * Weights are prepacked once (nvfp4_dual_gemm_prepack): per 128-row block and 64-wide K tile,
-//    row r's 64 FP4 codes are 8 words whose nibbles are ordered so that one shift and two masks
-//    give a bf16x2 of e2m1 * 2^-126, followed by the 128 rows x 4 E4M3 block scales.
-//  * Warpgroup 0 (converter) streams each stage with cp.async (thread r loads row r's weights,
-//    all threads share the activation tile), multiplies by bf16(scale * 2^64) and writes the
-//    bf16 weight tile 128B-swizzled into shared memory (value x 2^-62, undone exactly in the
-//    epilogue), then releases the stage to the MMA warpgroups through a "full" mbarrier.
-//  * Warpgroups 1 and 2 issue SS wgmma on their 64-row halves with one batch in flight and
-//    return each stage through an "empty" mbarrier; conversion of tile i+1 overlaps the tensor
-//    work of tile i.
-//  * Activations (NVFP4) are dequantized exactly to bf16 by a pre-pass. Split-K with a
-//    deterministic reduction fills the GPU when M is small.
+// Design ("swap AB", weights in registers):
+//  * The 2N weight rows are the wgmma M side (64 rows per warpgroup), tokens are wgmma N (16..128).
+//    Gate and up rows are interleaved in groups of 8, so the accumulator rows r and r+8 a thread
+//    owns are gate and up of one feature: SiLU * up happens in registers.
+//  * Weights are prepacked once (nvfp4_dual_gemm_prepack): per 64-row block and 64-wide K tile,
+//    each thread's wgmma A fragments (4 k16 steps x 8 FP4 codes) are 16 contiguous bytes, with the
+//    nibbles ordered so that one shift + two masks give a bf16x2 of e2m1 * 2^-126; the 64 rows x 4
+//    E4M3 block scales follow. One multiply by bf16(scale * 2^64) per bf16x2 gives the exact value
+//    times 2^-62, undone in the epilogue (all powers of two: exact).
+//  * Activations (NVFP4) are dequantized exactly to bf16 by a pre-pass and read by wgmma from
+//    128B-swizzled shared memory (K-major B operand).
+//  * A multi-stage cp.async pipeline feeds shared memory; split-K with a deterministic reduction
+//    fills the GPU when M is small.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -40,15 +37,14 @@ using namespace lowbit::detail;
 
 namespace {
 
-constexpr int kTileK = 64;         // K per pipeline stage (4 wgmma k16 steps)
-constexpr int kRows = 128;         // weight rows per CTA (two MMA warpgroups x 64)
-constexpr int kRawData = kRows * 32;             // FP4 bytes of a (128-row, 64-k) tile
-constexpr int kRawBytes = kRawData + kRows * 4;  // + 128 rows x 4 E4M3 scales (see nvfp4_dual_gemm_packed_bytes)
-constexpr int kWTileBytes = kRows * 128;         // the bf16 weight tile, 128 B per row
+constexpr int kTileK = 64;                 // K per pipeline stage (4 wgmma k16 steps)
+constexpr int kRowsPerWG = 64;             // weight rows per warpgroup
+constexpr int kChunkData = 128 * 16;       // fragment bytes per (64-row block, k tile)
+constexpr int kChunkBytes = kChunkData + 64 * 4;  // + 64 rows x 4 E4M3 scales (see nvfp4_dual_gemm_packed_bytes)
 constexpr float kBiasOut = 4.611686018427387904e18f;  // 2^62: undoes e2m1 * 2^-126 * (s * 2^64)
 
 // ------------------------------------------------------------------------------------------
-// Prepack: B1, B2 -> [L][2N/128][K/64][128 rows x 8 words | 128 rows x 4 scales]
+// Prepack: B1, B2 -> [L][2N/64][K/64][chunk]
 
 /// Interleaved row R (0..2N) -> (matrix 0 = B1 / 1 = B2, source row).
 __device__ __forceinline__ void interleaved_source(int64_t R, int* mat, int64_t* row) {
@@ -58,30 +54,40 @@ __device__ __forceinline__ void interleaved_source(int64_t R, int* mat, int64_t*
 }
 
 __global__ void prepack_kernel(DualGemmPlan p, uint8_t* out) {
-  const int64_t kTiles = p.K / kTileK, rowBlocks = 2 * p.N / kRows;
-  const int64_t chunk = blockIdx.x;  // (l, row block, k tile)
+  const int64_t kTiles = p.K / kTileK, rowBlocks = 2 * p.N / kRowsPerWG;
+  const int64_t chunk = blockIdx.x;  // (l, rb, kt)
   const int64_t kt = chunk % kTiles, rb = (chunk / kTiles) % rowBlocks, l = chunk / (kTiles * rowBlocks);
-  const int r = threadIdx.x;  // 128 threads: one row each
-  int mat;
-  int64_t src;
-  interleaved_source(rb * kRows + r, &mat, &src);
-  const uint8_t* base = (mat ? p.b2 + l * p.b2_sL + src * p.b2_sN : p.b1 + l * p.b1_sL + src * p.b1_sN) + kt * (kTileK / 2);
-  uint8_t* dst = out + chunk * kRawBytes;
-  uint32_t w[8];
-  for (int c = 0; c < 8; ++c) {  // k = 8c .. 8c+7 of the tile
-    uint32_t e[8];
-    for (int i = 0; i < 8; ++i) e[i] = (base[(8 * c + i) >> 1] >> (((8 * c + i) & 1) * 4)) & 0xFu;
-    uint32_t word = 0;  // nibble j = element 2j, nibble j+4 = element 2j+1
-    for (int j = 0; j < 4; ++j) word |= (e[2 * j] << (4 * j)) | (e[2 * j + 1] << (4 * (j + 4)));
-    w[c] = word;
+  const int tid = threadIdx.x;  // 128 threads
+  uint8_t* dst = out + chunk * kChunkBytes;
+  const int warp = tid >> 5, lane = tid & 31, g = 16 * warp + (lane >> 2), t = lane & 3;
+  auto code = [&](int r, int k) -> uint32_t {  // FP4 code of (row r of the block, k of the tile)
+    int mat;
+    int64_t src;
+    interleaved_source(rb * kRowsPerWG + r, &mat, &src);
+    const uint8_t* base = mat ? p.b2 + l * p.b2_sL + src * p.b2_sN : p.b1 + l * p.b1_sL + src * p.b1_sN;
+    const int64_t kk = kt * kTileK + k;
+    return (base[kk >> 1] >> ((kk & 1) * 4)) & 0xFu;
+  };
+  uint32_t words[4];
+  for (int s = 0; s < 4; ++s) {
+    const int k0 = 16 * s + 2 * t;
+    // fragment element i: e0,e1 (g, k0..k0+1) e2,e3 (g+8, ...) e4,e5 (g, k0+8..) e6,e7 (g+8, k0+8..)
+    uint32_t e[8] = {code(g, k0), code(g, k0 + 1), code(g + 8, k0), code(g + 8, k0 + 1),
+                     code(g, k0 + 8), code(g, k0 + 9), code(g + 8, k0 + 8), code(g + 8, k0 + 9)};
+    uint32_t w = 0;
+    for (int j = 0; j < 4; ++j) w |= (e[2 * j] << (4 * j)) | (e[2 * j + 1] << (4 * (j + 4)));
+    words[s] = w;
   }
-  uint4* d = reinterpret_cast<uint4*>(dst + r * 32);
-  d[0] = make_uint4(w[0], w[1], w[2], w[3]);
-  d[1] = make_uint4(w[4], w[5], w[6], w[7]);
-  const uint8_t* sf = mat ? p.sfb2 : p.sfb1;
-  uint32_t s = 0;
-  for (int k16 = 0; k16 < 4; ++k16) s |= uint32_t(sf[p.spb.offset(l, src, kt * 4 + k16)]) << (8 * k16);
-  reinterpret_cast<uint32_t*>(dst + kRawData)[r] = s;
+  reinterpret_cast<uint4*>(dst)[tid] = make_uint4(words[0], words[1], words[2], words[3]);
+  if (tid < kRowsPerWG) {
+    int mat;
+    int64_t src;
+    interleaved_source(rb * kRowsPerWG + tid, &mat, &src);
+    const uint8_t* sf = mat ? p.sfb2 : p.sfb1;
+    uint32_t w = 0;
+    for (int s = 0; s < 4; ++s) w |= uint32_t(sf[p.spb.offset(l, src, kt * 4 + s)]) << (8 * s);
+    reinterpret_cast<uint32_t*>(dst + kChunkData)[tid] = w;
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -106,36 +112,19 @@ __global__ void dequant_act_kernel(DualGemmPlan p, uint16_t* out) {
 }
 
 // ------------------------------------------------------------------------------------------
-// PTX helpers
+// Main kernel
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-/// 16-byte (or 4-byte) async copy; src-size 0 zero-fills.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+  const int n = valid ? 16 : 0;  // 0: zero-fill
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nLAB_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra LAB_WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 /// bf16x2 of two E4M3 scale bytes, each times 2^64 (exact).
@@ -148,6 +137,7 @@ __device__ __forceinline__ uint32_t scale_pair_bf16(uint32_t two_e4m3 /* low 16 
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(b2) : "f"(f1), "f"(f0));
   return b2;
 }
+
 __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
@@ -159,7 +149,7 @@ struct Wgmma;
 #define LOWBIT_WGMMA(NT_)                                                                               \
   template <>                                                                                           \
   struct Wgmma<NT_> {                                                                                   \
-    using Op = cute::SM90::GMMA::MMA_64x##NT_##x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,           \
+    using Op = cute::SM90::GMMA::MMA_64x##NT_##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,           \
                                                                  cute::SM90::GMMA::Major::K>;          \
   };
 LOWBIT_WGMMA(16)
@@ -169,11 +159,10 @@ LOWBIT_WGMMA(128)
 #undef LOWBIT_WGMMA
 
 template <int NT, size_t... I>
-__device__ __forceinline__ void wgmma_call(uint64_t da, uint64_t db, float* d, std::index_sequence<I...>) {
-  Wgmma<NT>::Op::fma(da, db, d[I]...);
+__device__ __forceinline__ void wgmma_call(const uint32_t (&a)[4], uint64_t desc, float* d, std::index_sequence<I...>) {
+  Wgmma<NT>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...);
 }
 
-/// K-major, 128B-swizzled operand tile: rows of 128 B, 8-row atoms of 1024 B.
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr) {
   uint64_t d = 0;
   d |= uint64_t((smem_addr & 0x3FFFF) >> 4);  // start address
@@ -182,14 +171,12 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr) {
   d |= uint64_t(1) << 62;                       // SWIZZLE_128B
   return d;
 }
-/// Byte offset of 16-byte chunk c of row r in a 128B-swizzled tile.
-__device__ __forceinline__ uint32_t sw128(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
 
 struct MainArgs {
   DualGemmPlan p;
   const uint8_t* packed;
   const uint16_t* act;  // [L][M][K] bf16
-  float* ws;            // split-K partials [splits][L][M][N][2] (null when splits == 1)
+  float* ws;            // split-K partials [splits][L][M][2N] (null when splits == 1)
   int splits;
   int k_tiles_per_split;
 };
@@ -212,7 +199,7 @@ __device__ __forceinline__ void epilogue_store(const MainArgs& A, const float (&
     for (int h = 0; h < 2; ++h) {
       const int64_t tok = tok0 + 8 * j + 2 * t + h;
       if (tok >= p.M) continue;
-      const float g = acc[4 * j + h], u = acc[4 * j + 2 + h];  // rows r (gate) and r + 8 (up)
+      const float g = acc[4 * j + h], u = acc[4 * j + 2 + h];
       if (A.splits == 1) {
         const float gs = g * ag, us = u * au;
         store_float(p.c, p.c_dtype, l * p.c_sL + tok * p.c_sM + feature, gs / (1.0f + __expf(-gs)) * us);
@@ -224,25 +211,36 @@ __device__ __forceinline__ void epilogue_store(const MainArgs& A, const float (&
   }
 }
 
-template <int NT>
-struct StageLayout {
-  static constexpr int kAct = 0;                        // NT x 128 B bf16 activations (sw128)
-  static constexpr int kWTile = NT * 128;               // 128 x 128 B bf16 weights (sw128)
-  static constexpr int kRaw = kWTile + kWTileBytes;     // raw FP4 tile + scales
-  static constexpr int kBytes = ((kRaw + kRawBytes + 1023) / 1024) * 1024;
-};
+/// Dequantizes one warpgroup's A fragments of a k tile (4 k16 steps x 4 bf16x2 registers).
+__device__ __forceinline__ void dequant_fragments(const uint8_t* chunk, int wtid, int g, uint32_t (&a)[4][4]) {
+  const uint4 q = reinterpret_cast<const uint4*>(chunk)[wtid];
+  const uint32_t sg = reinterpret_cast<const uint32_t*>(chunk + kChunkData)[g];
+  const uint32_t sg8 = reinterpret_cast<const uint32_t*>(chunk + kChunkData)[g + 8];
+  const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    // scales of rows g and g+8 for k16 step s, as bf16 (x 2^64), each broadcast to both halves
+    const uint32_t pair = scale_pair_bf16(((sg >> (8 * s)) & 0xFF) | (((sg8 >> (8 * s)) & 0xFF) << 8));
+    const uint32_t s_g = __byte_perm(pair, 0, 0x1010), s_g8 = __byte_perm(pair, 0, 0x3232);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t y = qw[s] >> (4 * j);
+      const uint32_t v = ((y << 6) & 0x01C001C0u) | ((y << 12) & 0x80008000u);  // e2m1 * 2^-126 (bf16x2)
+      a[s][j] = bmul2(v, (j & 1) ? s_g8 : s_g);
+    }
+  }
+}
 
 template <int NT, int S>
-__global__ void __launch_bounds__(384, 1) dual_gemm_kernel(MainArgs A) {
-  using SL = StageLayout<NT>;
+__global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  // NOTE: offset, not a uintptr_t round trip, so the compiler keeps the shared address space
+  constexpr int kActBytes = NT * 128;
+  constexpr int kStageBytes = kActBytes + ((2 * kChunkBytes + 1023) / 1024) * 1024;
+  // NOTE: offset, not a uintptr_t round trip, so the compiler keeps the shared address space (LDS)
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  const uint32_t sbase = smem_u32(smem);
-  const uint32_t full_bar = sbase + S * SL::kBytes, empty_bar = full_bar + 8 * S;
 
   const DualGemmPlan& p = A.p;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
   const int64_t bx = blockIdx.x, tok0 = int64_t(blockIdx.y) * NT;
   const int split = int(blockIdx.z % A.splits);
   const int64_t l = blockIdx.z / A.splits;
@@ -250,112 +248,80 @@ __global__ void __launch_bounds__(384, 1) dual_gemm_kernel(MainArgs A) {
   const int64_t kt0 = int64_t(split) * A.k_tiles_per_split;
   const int64_t kt1 = kt0 + A.k_tiles_per_split < kTiles ? kt0 + A.k_tiles_per_split : kTiles;
   const int64_t nkt = kt1 > kt0 ? kt1 - kt0 : 0;
+  const int64_t rowBlocks = 2 * p.N / kRowsPerWG;
+  const uint8_t* wsrc = A.packed + ((l * rowBlocks + 2 * bx) * kTiles) * kChunkBytes;
+  const uint16_t* asrc = A.act + (l * p.M) * p.K;
 
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(full_bar + 8 * s, 128);
-      mbar_init(empty_bar + 8 * s, 256);
-    }
+  // Each thread's cp.async pieces of a stage: sources advance by a fixed stride per k tile.
+  constexpr int kWPieces = 2 * kChunkBytes / 16;            // weight pieces per stage
+  constexpr int kWIters = (kWPieces + 255) / 256;
+  constexpr int kAIters = (NT * 8 + 255) / 256;               // activation pieces per stage
+  const uint8_t* wptr[kWIters];
+  uint32_t wdst[kWIters];
+  bool wok[kWIters];
+#pragma unroll
+  for (int j = 0; j < kWIters; ++j) {
+    const int i = tid + 256 * j, c = i / (kChunkBytes / 16), off = (i % (kChunkBytes / 16)) * 16;
+    wok[j] = i < kWPieces;
+    wptr[j] = wsrc + (int64_t(c) * kTiles + kt0) * kChunkBytes + off;
+    wdst[j] = uint32_t(kActBytes + c * kChunkBytes + off);
   }
-  __syncthreads();
-
-  if (tid < 128) {
-    // ------------------------- converter warpgroup: thread r owns weight row r -------------------------
-    const int r = tid;
-    const int64_t rowBlocks = 2 * p.N / kRows;
-    const uint8_t* wsrc = A.packed + ((l * rowBlocks + bx) * kTiles + kt0) * kRawBytes;
-    const uint16_t* asrc = A.act + (l * p.M) * p.K + kt0 * kTileK;
-    constexpr int kAIters = (NT * 8 + 127) / 128;
-    const uint16_t* aptr[kAIters];
-    uint32_t adst[kAIters];
-    bool aok[kAIters], aload[kAIters];
+  const uint16_t* aptr[kAIters];
+  uint32_t adst[kAIters];
+  bool aok[kAIters], aload[kAIters];
 #pragma unroll
-    for (int j = 0; j < kAIters; ++j) {
-      const int i = tid + 128 * j, rr = i >> 3, c = i & 7;
-      const int64_t tok = tok0 + rr;
-      aload[j] = i < NT * 8;
-      aok[j] = tok < p.M;
-      aptr[j] = aok[j] ? asrc + tok * p.K + c * 8 : A.act;
-      adst[j] = sw128(rr, c);
-    }
-    auto load = [&](int64_t it) {
-      const uint32_t st = sbase + uint32_t((it % S) * SL::kBytes);
-      const uint8_t* w = wsrc + it * kRawBytes;
-      cp_async16(st + SL::kRaw + r * 32, w + r * 32, true);
-      cp_async16(st + SL::kRaw + r * 32 + 16, w + r * 32 + 16, true);
-      cp_async4(st + SL::kRaw + kRawData + r * 4, w + kRawData + r * 4);
-#pragma unroll
-      for (int j = 0; j < kAIters; ++j)
-        if (aload[j]) cp_async16(st + SL::kAct + adst[j], aok[j] ? aptr[j] + it * kTileK : aptr[j], aok[j]);
-    };
-#pragma unroll
-    for (int s = 0; s < S - 1; ++s) {
-      if (s < nkt) load(s);
-      cp_async_commit();
-    }
-    for (int64_t it = 0; it < nkt; ++it) {
-      const int s = int(it % S);
-      cp_async_wait<S - 2>();  // this thread's copies of tile it have landed
-      uint8_t* st = smem + s * SL::kBytes;
-      const uint4 q0 = *reinterpret_cast<const uint4*>(st + SL::kRaw + r * 32);
-      const uint4 q1 = *reinterpret_cast<const uint4*>(st + SL::kRaw + r * 32 + 16);
-      const uint32_t sc = *reinterpret_cast<const uint32_t*>(st + SL::kRaw + kRawData + r * 4);
-      const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-#pragma unroll
-      for (int k16 = 0; k16 < 4; ++k16) {
-        const uint32_t sb = (sc >> (8 * k16)) & 0xFFu;
-        const uint32_t s2 = __byte_perm(scale_pair_bf16(sb | (sb << 8)), 0, 0x1010);  // {s, s} x 2^64
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = 2 * k16 + h;
-          uint32_t v[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t y = qw[c] >> (4 * j);
-            v[j] = bmul2(((y << 6) & 0x01C001C0u) | ((y << 12) & 0x80008000u), s2);  // (e2m1 x 2^-126) x s x 2^64
-          }
-          *reinterpret_cast<uint4*>(st + SL::kWTile + sw128(r, c)) = make_uint4(v[0], v[1], v[2], v[3]);
-        }
-      }
-      // NOTE: make this thread's st.shared and cp.async writes visible to the async proxy (wgmma)
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      mbar_arrive(full_bar + 8 * s);
-      // refill: tile it+S-1 goes into the stage of tile it-1, once the MMA warpgroups released it
-      if (it + S - 1 < nkt) {
-        if (it >= 1) mbar_wait(empty_bar + 8 * ((it - 1) % S), uint32_t(((it - 1) / S) & 1));
-        load(it + S - 1);
-      }
-      cp_async_commit();
-    }
-    cp_async_wait<0>();
-    return;
+  for (int j = 0; j < kAIters; ++j) {
+    const int i = tid + 256 * j, r = i >> 3, c = i & 7;
+    const int64_t tok = tok0 + r;
+    aload[j] = i < NT * 8;
+    aok[j] = tok < p.M;
+    aptr[j] = aok[j] ? asrc + tok * p.K + kt0 * kTileK + c * 8 : asrc;
+    adst[j] = uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
   }
+  const uint32_t smem_base = smem_u32(smem);
+  auto load_stage = [&](int64_t it) {
+    const uint32_t st = smem_base + uint32_t((it % S) * kStageBytes);
+#pragma unroll
+    for (int j = 0; j < kWIters; ++j)
+      if (wok[j]) cp_async16(st + wdst[j], wptr[j] + it * kChunkBytes, true);
+#pragma unroll
+    for (int j = 0; j < kAIters; ++j)
+      if (aload[j]) cp_async16(st + adst[j], aok[j] ? aptr[j] + it * kTileK : aptr[j], aok[j]);
+  };
 
-  // ------------------------- MMA warpgroups: 64 weight rows each -------------------------
-  const int wg = (tid >> 7) - 1, warp = (tid >> 5) & 3, lane = tid & 31;
   float acc[NT / 2];
 #pragma unroll
   for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < nkt) load_stage(s);
+    cp_async_commit();
+  }
+  const int g = 16 * warp + (lane >> 2);
   for (int64_t it = 0; it < nkt; ++it) {
-    const int s = int(it % S);
-    mbar_wait(full_bar + 8 * s, uint32_t((it / S) & 1));
-    const uint32_t st = sbase + uint32_t(s * SL::kBytes);
-    const uint32_t a0 = st + SL::kWTile + wg * 64 * 128, b0 = st + SL::kAct;
+    cp_async_wait<S - 2>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (it + S - 1 < nkt) load_stage(it + S - 1);
+    cp_async_commit();
+
+    const uint8_t* st = smem + (it % S) * kStageBytes;
+    uint32_t a[4][4];
+    dequant_fragments(st + kActBytes + wg * kChunkBytes, wtid, g, a);
+    const uint32_t abase = smem_u32(st);
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
     cute::warpgroup_arrive();
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      wgmma_call<NT>(desc_sw128(a0 + 32 * k), desc_sw128(b0 + 32 * k), acc, std::make_index_sequence<NT / 2>{});
+    for (int s = 0; s < 4; ++s)
+      wgmma_call<NT>(a[s], desc_sw128(abase + s * 32), acc, std::make_index_sequence<NT / 2>{});
     cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<1>();  // the batch of tile it-1 is done: its stage can be refilled
+    cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
-    if (it >= 1) mbar_arrive(empty_bar + 8 * ((it - 1) % S));
   }
-  cute::warpgroup_wait<0>();
-#pragma unroll
-  for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+  cp_async_wait<0>();
   epilogue_store<NT>(A, acc, l, bx, tok0, wg, warp, lane, split);
 }
 
@@ -380,20 +346,21 @@ __global__ void finalize_kernel(DualGemmPlan p, const float* ws, int splits) {
 
 template <int NT, int S>
 cudaError_t launch_main(const MainArgs& a, cudaStream_t st) {
-  constexpr int smem = S * StageLayout<NT>::kBytes + 1024 + 16 * S;  // stages, alignment slack, mbarriers
+  constexpr int kStageBytes = NT * 128 + ((2 * kChunkBytes + 1023) / 1024) * 1024;
+  constexpr int smem = S * kStageBytes + 1024;  // stages + alignment slack
   auto kern = dual_gemm_kernel<NT, S>;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const DualGemmPlan& p = a.p;
   dim3 grid(unsigned(p.N / 64), unsigned((p.M + NT - 1) / NT), unsigned(p.L * a.splits));
-  kern<<<grid, 384, smem, st>>>(a);
+  kern<<<grid, 256, smem, st>>>(a);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 int nvfp4_dual_gemm_prepack(const DualGemmPlan& p, uint8_t* packed, void* stream) {
-  const int64_t chunks = p.L * (2 * p.N / kRows) * (p.K / kTileK);
+  const int64_t chunks = p.L * (2 * p.N / kRowsPerWG) * (p.K / kTileK);
   prepack_kernel<<<unsigned(chunks), 128, 0, static_cast<cudaStream_t>(stream)>>>(p, packed);
   return int(cudaGetLastError());
 }
@@ -441,8 +408,8 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
     MainArgs a{p, packed, act, ws, splits, per};
     switch (NT) {
       case 16: e = launch_main<16, 8>(a, st); break;
-      case 32: e = launch_main<32, 8>(a, st); break;
-      case 64: e = launch_main<64, 6>(a, st); break;
+      case 32: e = launch_main<32, 6>(a, st); break;
+      case 64: e = launch_main<64, 5>(a, st); break;
       default: e = launch_main<128, 4>(a, st); break;
     }
   }
