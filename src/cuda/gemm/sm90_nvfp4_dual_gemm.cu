@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <utility>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
@@ -345,16 +346,34 @@ __global__ void finalize_kernel(DualGemmPlan p, const float* ws, int splits) {
 }
 
 template <int NT, int S>
-cudaError_t launch_main(const MainArgs& a, cudaStream_t st) {
+cudaError_t launch_main(const MainArgs& a, int device, cudaStream_t st) {
   constexpr int kStageBytes = NT * 128 + ((2 * kChunkBytes + 1023) / 1024) * 1024;
   constexpr int smem = S * kStageBytes + 1024;  // stages + alignment slack
   auto kern = dual_gemm_kernel<NT, S>;
-  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
+  // the shared-memory opt-in is a per-device function attribute: set it once per device
+  static std::atomic<uint64_t> opted{0};
+  const uint64_t bit = uint64_t(1) << (device & 63);
+  if (!(opted.load(std::memory_order_relaxed) & bit)) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    opted.fetch_or(bit, std::memory_order_relaxed);
+  }
   const DualGemmPlan& p = a.p;
   dim3 grid(unsigned(p.N / 64), unsigned((p.M + NT - 1) / NT), unsigned(p.L * a.splits));
   kern<<<grid, 256, smem, st>>>(a);
   return cudaGetLastError();
+}
+
+/// SM count of a device, queried once.
+int sm_count(int device) {
+  static std::atomic<int> cache[64] = {};
+  if (device < 0 || device >= 64) return 132;
+  int n = cache[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 132;
+    cache[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 }  // namespace
@@ -373,9 +392,9 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
   uint8_t* own_packed = nullptr;
   uint16_t* act = nullptr;
   float* ws = nullptr;
-  int dev = 0, sms = 132;
+  int dev = 0;
   cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int sms = sm_count(dev);
 
   const int NT = p.M <= 16 ? 16 : p.M <= 32 ? 32 : p.M <= 64 ? 64 : 128;
   const int64_t kTiles = p.K / kTileK;
@@ -407,10 +426,10 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
   if (e == cudaSuccess) {
     MainArgs a{p, packed, act, ws, splits, per};
     switch (NT) {
-      case 16: e = launch_main<16, 8>(a, st); break;
-      case 32: e = launch_main<32, 6>(a, st); break;
-      case 64: e = launch_main<64, 5>(a, st); break;
-      default: e = launch_main<128, 4>(a, st); break;
+      case 16: e = launch_main<16, 8>(a, dev, st); break;
+      case 32: e = launch_main<32, 6>(a, dev, st); break;
+      case 64: e = launch_main<64, 5>(a, dev, st); break;
+      default: e = launch_main<128, 4>(a, dev, st); break;
     }
   }
   if (e == cudaSuccess && splits > 1) {
