@@ -5,6 +5,12 @@ fp8 and packed fp4 as uint8) plus the real dtype as a ``_C.DType``, because NumP
 the ml_dtypes types through DLPack and torch's fp4 exports are fragile. Outputs are allocated
 in the library and on the device of the reference input. torch is never imported here unless
 the caller already passed a torch tensor (it is looked up in ``sys.modules``).
+
+The functions here run on every call of every op, so the per-call work is kept to dictionary
+look-ups: dtype names, torch dtypes and DLPack export views are computed once per dtype and
+cached; torch tensors are handed to ``_C`` as DLPack capsules (``torch._C._to_dlpack``), which
+skips ``Tensor.__dlpack__``'s Python-level checks and stream handshake (the kernels run on the
+stream passed explicitly); the current CUDA stream is read as a raw handle.
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ _BY_NAME = {
     "int64": (D.int64, np.dtype(np.int64), None),
 }
 _NP_TO_NAME = {v[1]: k for k, v in _BY_NAME.items() if k != "float4_e2m1fn_x2"}
+_CDT = {k: v[0] for k, v in _BY_NAME.items()}          # name -> _C.DType
+_NP_STORAGE = {k: v[1] for k, v in _BY_NAME.items()}   # name -> NumPy dtype of the storage
+# NumPy dtype -> (lowbit DType, view dtype for _C or None), for the arrays handed to _C
+_NP_EXPORT = {v[1]: (v[0], None if v[2] is None else np.dtype(v[2]))
+              for k, v in _BY_NAME.items() if k != "float4_e2m1fn_x2"}
 
 DTYPE_ALIASES = {
     "fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
@@ -44,47 +55,124 @@ DTYPE_ALIASES = {
     "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2", "ue8m0": "float8_e8m0fnu", "e8m0": "float8_e8m0fnu",
 }
 
+# dtype given by a caller (string, NumPy dtype or type, torch dtype) -> canonical name; filled
+# by dtype_name() with every dtype it resolved (a bounded set: only valid dtypes are cached)
+_NAME_CACHE: dict = {k: k for k in _BY_NAME}
+_NAME_CACHE.update(DTYPE_ALIASES)
+_NAME_CACHE.update(_NP_TO_NAME)
+
+_NULL_GUARD = contextlib.nullcontext()
+
+# --- torch, resolved once it has been imported by the caller ---------------------------------
+_T = None            # the torch module
+_TENSOR = None       # torch.Tensor
+_T_DT = {}           # lowbit name -> torch dtype of the storage (packed fp4: uint8)
+_T_EXPORT = {}       # torch dtype -> (lowbit DType, view dtype for the DLPack export or None)
+_to_dlpack = None    # torch._C._to_dlpack
+_raw_stream = None   # torch._C._cuda_getCurrentRawStream(device_index) -> int
+_cur_device = None   # torch._C._cuda_getDevice() -> int
+
+
+def _init_torch():
+    """The torch module once it is fully imported (None before); fills the torch tables."""
+    global _T, _TENSOR, _to_dlpack, _raw_stream, _cur_device
+    t = sys.modules.get("torch")
+    if t is None or getattr(t, "Tensor", None) is None or getattr(t, "bfloat16", None) is None:
+        return t  # not imported, or in the middle of its own import: look again next time
+    if _T is not None:
+        return _T
+    tc = getattr(t, "_C", None)
+    dl = getattr(tc, "_to_dlpack", None)
+    exportable = {}
+
+    def can_export(dt):
+        if dl is None:
+            return False
+        if dt not in exportable:
+            try:
+                dl(t.empty(0, dtype=dt))
+                exportable[dt] = True
+            except Exception:  # noqa: BLE001 - this torch's DLPack lacks the dtype
+                exportable[dt] = False
+        return exportable[dt]
+
+    for name, (cdt, _, _) in _BY_NAME.items():
+        tdt = t.uint8 if name == "float4_e2m1fn_x2" else getattr(t, name, None)
+        if tdt is None:
+            continue
+        _T_DT[name] = tdt
+        if name == "float4_e2m1fn_x2":
+            continue
+        view = None
+        if tdt.itemsize == 1 and tdt not in (t.uint8, t.int8) and not can_export(tdt):
+            view = t.uint8
+        _T_EXPORT[tdt] = (cdt, view)
+    # torch's packed fp4 type: exported as its uint8 bytes
+    fp4 = getattr(t, "float4_e2m1fn_x2", None)
+    if fp4 is not None:
+        _T_EXPORT[fp4] = (D.float4_e2m1fn_x2, t.uint8)
+    _to_dlpack = dl
+    _raw_stream = getattr(tc, "_cuda_getCurrentRawStream", None)
+    _cur_device = getattr(tc, "_cuda_getDevice", None)
+    _TENSOR = t.Tensor
+    _T = t
+    return t
+
 
 def _torch():
-    return sys.modules.get("torch")
+    return _T if _T is not None else _init_torch()
 
 
 def is_torch(a) -> bool:
-    t = _torch()
-    return t is not None and isinstance(a, t.Tensor)
+    T = _TENSOR
+    if T is None:
+        _init_torch()
+        T = _TENSOR
+        if T is None:
+            return False
+    return isinstance(a, T)
 
 
 def dtype_name(dtype, op: str = "lowbit", arg: str = "dtype") -> str:
     """Canonical lowbit name of a dtype given as a string, NumPy dtype or torch dtype."""
+    try:
+        name = _NAME_CACHE.get(dtype)
+    except TypeError:  # unhashable
+        name = None
+    if name is not None:
+        return name
+    name = _dtype_name_slow(dtype)
+    if name is None:
+        raise ValueError(f"{op}: argument '{arg}': unsupported dtype {dtype!r}")
+    try:
+        _NAME_CACHE[dtype] = name
+    except TypeError:
+        pass
+    return name
+
+
+def _dtype_name_slow(dtype):
     if isinstance(dtype, str):
         name = DTYPE_ALIASES.get(dtype, dtype)
-        if name in _BY_NAME:
-            return name
-    else:
-        t = _torch()
-        if t is not None and isinstance(dtype, t.dtype):
-            name = str(dtype).replace("torch.", "")
-            if name in _BY_NAME:
-                return name
-        else:
-            try:
-                npd = np.dtype(dtype)
-            except TypeError:
-                npd = None
-            if npd is not None and npd in _NP_TO_NAME:
-                return _NP_TO_NAME[npd]
-    raise ValueError(f"{op}: argument '{arg}': unsupported dtype {dtype!r}")
+        return name if name in _BY_NAME else None
+    t = _torch()
+    if t is not None and isinstance(dtype, t.dtype):
+        name = str(dtype).replace("torch.", "")
+        return name if name in _BY_NAME else None
+    try:
+        npd = np.dtype(dtype)
+    except TypeError:
+        return None
+    return _NP_TO_NAME.get(npd)
 
 
 def array_dtype_name(a, op: str, arg: str) -> str:
-    if is_torch(a):
-        return dtype_name(a.dtype, op, arg)
     return dtype_name(a.dtype, op, arg)
 
 
 def as_array(a, op: str, arg: str, float_default: bool = True):
     """A NumPy array or torch tensor for `a` (lists and scalars become NumPy float32 arrays)."""
-    if is_torch(a) or isinstance(a, np.ndarray):
+    if isinstance(a, np.ndarray) or is_torch(a):
         return a
     if hasattr(a, "__array__") or isinstance(a, (list, tuple, int, float)):
         arr = np.asarray(a)
@@ -94,23 +182,60 @@ def as_array(a, op: str, arg: str, float_default: bool = True):
     raise ValueError(f"{op}: argument '{arg}': expected a NumPy array or a torch tensor, got {type(a).__name__}")
 
 
+def _export_torch(a):
+    """What _C receives for the tensor `a`: a DLPack capsule of `a` (or of its same-itemsize
+    uint8 view where this torch cannot export the dtype)."""
+    view = _T_EXPORT.get(a.dtype)
+    if view is not None and view[1] is not None:
+        a = a.view(view[1])
+    if _to_dlpack is not None:
+        try:
+            return _to_dlpack(a)
+        except Exception:  # noqa: BLE001 - not exportable as is: let _C's conversion report it
+            pass
+    return a.detach()
+
+
+def c_export(a):
+    """`a` as _C takes it when its dtype is declared separately or known to _C from DLPack:
+    torch tensors as DLPack capsules, NumPy arrays as they are; None stays None."""
+    T = _TENSOR
+    if T is not None and isinstance(a, T):
+        return _export_torch(a)
+    return a
+
+
 def c_view(a, op: str, arg: str, dtype: str | None = None):
     """(array for _C, _C.DType): a same-itemsize view of a plain dtype plus the real dtype.
 
     `dtype` overrides the array's own dtype (e.g. uint8 bytes that hold E2M1 pairs)."""
-    name = dtype if dtype is not None else array_dtype_name(a, op, arg)
-    cdt, _, npview = _BY_NAME[name]
-    if is_torch(a):
-        t = _torch()
-        a = a.detach()
-        if a.dtype == t.bfloat16 or a.dtype == t.float16:
-            a = a.view(t.int16)
-        elif a.element_size() == 1 and a.dtype not in (t.uint8, t.int8):
-            a = a.view(t.uint8)
-        return a, cdt
+    T = _TENSOR
+    if T is None and _init_torch() is not None:
+        T = _TENSOR
+    if T is not None and isinstance(a, T):
+        e = _T_EXPORT.get(a.dtype)
+        if e is None:  # not a lowbit dtype: raises unless the dtype is declared by `dtype`
+            e = (_CDT[dtype if dtype is not None else dtype_name(a.dtype, op, arg)], None)
+        if dtype is not None:
+            e = (_CDT[dtype], e[1])
+        if e[1] is not None:
+            a = a.view(e[1])
+        if _to_dlpack is not None:
+            try:
+                return _to_dlpack(a), e[0]
+            except Exception:  # noqa: BLE001 - not exportable as is: let _C's conversion report it
+                pass
+        return a.detach(), e[0]
+    if dtype is None:
+        e = _NP_EXPORT.get(a.dtype)
+        if e is None:  # raises unless an equivalent dtype object of a lowbit dtype
+            e = _NP_EXPORT[_NP_STORAGE[dtype_name(a.dtype, op, arg)]]
+        cdt, npview = e
+    else:
+        cdt, _, npview = _BY_NAME[dtype]
     if not a.dtype.isnative:
         raise ValueError(f"{op}: argument '{arg}': byte-swapped arrays are not supported")
-    if npview is not None and a.dtype != np.dtype(npview):
+    if npview is not None and a.dtype != npview:
         a = a.view(npview)
     return a, cdt
 
@@ -118,28 +243,33 @@ def c_view(a, op: str, arg: str, dtype: str | None = None):
 class Backend:
     """Allocates outputs like a reference array: NumPy on the host, or torch on its device."""
 
+    __slots__ = ("torch", "cuda", "like")
+
     def __init__(self, like):
+        self.like = like
         self.torch = is_torch(like)
-        self.device = like.device if self.torch else None
-        self.cuda = self.torch and like.device.type == "cuda"
+        self.cuda = self.torch and like.is_cuda
+
+    @property
+    def device(self):
+        return self.like.device if self.torch else None
 
     def empty(self, shape, dtype: str):
-        shape = tuple(int(s) for s in shape)
         if self.torch:
-            t = _torch()
-            tdt = t.uint8 if dtype == "float4_e2m1fn_x2" else getattr(t, dtype)
-            return t.empty(shape, dtype=tdt, device=self.device)
-        return np.empty(shape, dtype=_BY_NAME[dtype][1])
+            like = self.like
+            if type(like) is _TENSOR:  # plain tensor: new_empty skips the device argument parsing
+                return like.new_empty(shape, dtype=_T_DT[dtype])
+            return _T.empty(tuple(int(s) for s in shape), dtype=_T_DT[dtype], device=like.device)
+        return np.empty(shape, dtype=_NP_STORAGE[dtype])
 
     def zeros(self, shape, dtype: str):
         shape = tuple(int(s) for s in shape)
         if self.torch:
-            t = _torch()
-            return t.zeros(shape, dtype=getattr(t, dtype), device=self.device)
+            return _T.zeros(shape, dtype=getattr(_T, dtype), device=self.like.device)
         return np.zeros(shape, dtype=_BY_NAME[dtype][1])
 
     def full(self, shape, value, dtype: str):
-        out = self.empty(shape, dtype)
+        out = self.empty(tuple(int(s) for s in shape), dtype)
         if self.torch:
             out.fill_(value)
         else:
@@ -149,27 +279,31 @@ class Backend:
     def from_values(self, values, dtype: str):
         """A small array of Python numbers (e.g. m_indptr given as a list)."""
         if self.torch:
-            t = _torch()
-            return t.tensor(list(values), dtype=getattr(t, dtype), device=self.device)
+            return _T.tensor(list(values), dtype=getattr(_T, dtype), device=self.like.device)
         return np.asarray(values, dtype=_BY_NAME[dtype][1])
 
     def adopt(self, a, op: str, arg: str, dtype: str):
         """`a` as an array of this backend (scalars and lists are converted)."""
-        if is_torch(a) or isinstance(a, np.ndarray):
+        if isinstance(a, np.ndarray) or is_torch(a):
             return a
         if isinstance(a, (int, float)):
             return self.full((1,), float(a), dtype)
         return self.from_values(a, dtype)
 
     def stream(self) -> int:
+        """The current CUDA stream of the reference tensor's device (0 on the host)."""
         if not self.cuda:
             return 0
-        return int(_torch().cuda.current_stream(self.device).cuda_stream)
+        if _raw_stream is not None:
+            return _raw_stream(self.like.get_device())
+        return int(_T.cuda.current_stream(self.like.device).cuda_stream)
 
     def guard(self):
+        """Makes the reference tensor's device current, where it is not already."""
         if self.cuda:
-            return _torch().cuda.device(self.device)
-        return contextlib.nullcontext()
+            if _cur_device is None or _cur_device() != self.like.get_device():
+                return _T.cuda.device(self.like.device)
+        return _NULL_GUARD
 
     def transpose_last(self, a):
         return a.transpose(-1, -2) if self.torch else np.swapaxes(a, -1, -2)

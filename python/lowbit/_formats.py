@@ -29,6 +29,7 @@ bitsandbytes).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -67,6 +68,8 @@ LAYOUTS = {
     "blocked8x4": _C.ScaleLayoutKind.blocked8x4,
 }
 GROUP_PADS = {"flashinfer": _C.GroupPad.flashinfer, "cumsum": _C.GroupPad.cumsum}
+_PAD_NONE = _C.GroupPad.none
+_CODE_DTYPES = {E.e4m3: "float8_e4m3fn", E.e5m2: "float8_e5m2"}
 
 
 def _fail(arg: str, what: str, op: str = "Format"):
@@ -80,13 +83,19 @@ def _choice(value, table, arg, op):
 
 
 def layout_kind(layout: str, op: str = "lowbit", arg: str = "layout"):
-    return _choice(layout, LAYOUTS, arg, op)
+    try:
+        return LAYOUTS[layout]
+    except (KeyError, TypeError):
+        return _choice(layout, LAYOUTS, arg, op)
 
 
 def group_pad_kind(group_pad: Optional[str], grouped: bool, op: str = "lowbit"):
     if not grouped:
-        return _C.GroupPad.none
-    return _choice(group_pad, GROUP_PADS, "group_pad", op)
+        return _PAD_NONE
+    try:
+        return GROUP_PADS[group_pad]
+    except (KeyError, TypeError):
+        return _choice(group_pad, GROUP_PADS, "group_pad", op)
 
 
 class Format:
@@ -106,7 +115,8 @@ class Format:
     eps: floor of the block amax of the fp8/int4 group recipes (uint4: floor of the scale).
     """
 
-    __slots__ = ("name", "elem", "block", "scale_type", "rule", "nibbles", "zero_scale_kind", "eps")
+    __slots__ = ("name", "elem", "block", "scale_type", "rule", "nibbles", "zero_scale_kind", "eps",
+                 "_c_args", "_hash", "packed", "code_dtype", "scale_dtype", "has_zero_point")
 
     def __init__(self, name: str, *, block: Optional[int] = None, rounding: Optional[str] = None,
                  scale_dtype: Optional[str] = None, nibble_order: str = "low", zero_scale: Optional[str] = None,
@@ -150,25 +160,41 @@ class Format:
         object.__setattr__(self, "nibbles", nib)
         object.__setattr__(self, "zero_scale_kind", zs)
         object.__setattr__(self, "eps", eps)
+        # derived fields, computed once (the ops read them on every call)
+        c_args = (elem, int(block), st, rule, nib, zs, eps)
+        object.__setattr__(self, "_c_args", c_args)
+        object.__setattr__(self, "_hash", hash((name,) + c_args))
+        object.__setattr__(self, "packed", elem not in (E.e4m3, E.e5m2))
+        object.__setattr__(self, "code_dtype", _CODE_DTYPES.get(elem, "uint8"))
+        object.__setattr__(self, "scale_dtype", _SCALE_DTYPE_NAMES[st])
+        object.__setattr__(self, "has_zero_point", rule == R.minmax)
 
     def __setattr__(self, key, value):
         raise AttributeError("Format is immutable; use Format.replace(...)")
 
     @classmethod
     def of(cls, fmt, **kwargs) -> "Format":
-        """`fmt` (a Format or a name) with the keyword overrides applied."""
-        if isinstance(fmt, Format):
-            return fmt.replace(**kwargs) if kwargs else fmt
-        return cls(fmt, **kwargs)
+        """`fmt` (a Format or a name) with the keyword overrides applied.
+
+        Formats are immutable, so the result is shared between calls with the same arguments
+        (a name or Format and keyword values of the same types)."""
+        if not kwargs and isinstance(fmt, Format):
+            return fmt
+        try:
+            key = (fmt, tuple(kwargs.items()), tuple(map(type, kwargs.values())))
+            f = _FORMAT_CACHE.get(key)
+        except TypeError:  # unhashable argument: no caching, Format() reports it
+            key, f = None, None
+        if f is None:
+            f = fmt.replace(**kwargs) if isinstance(fmt, Format) else cls(fmt, **kwargs)
+            if key is not None and type(f) is Format and len(_FORMAT_CACHE) < _FORMAT_CACHE_MAX:
+                _FORMAT_CACHE[key] = f
+        return f
 
     # --- readable fields ----------------------------------------------------------------------
     @property
     def rounding(self) -> Optional[str]:
         return {R.mx_rceil: "rceil", R.mx_floor: "floor"}.get(self.rule)
-
-    @property
-    def scale_dtype(self) -> str:
-        return _SCALE_DTYPE_NAMES[self.scale_type]
 
     @property
     def nibble_order(self) -> str:
@@ -182,24 +208,11 @@ class Format:
 
     @property
     def bits(self) -> int:
-        return 8 if self.elem in (E.e4m3, E.e5m2) else 4
-
-    @property
-    def packed(self) -> bool:
-        return self.bits == 4
-
-    @property
-    def has_zero_point(self) -> bool:
-        return self.rule == R.minmax
+        return 4 if self.packed else 8
 
     @property
     def has_global_scale(self) -> bool:
         return self.rule == R.nvfp4
-
-    @property
-    def code_dtype(self) -> str:
-        """dtype of the quantized codes: fp8 for 8-bit formats, uint8 (two codes a byte) for 4-bit."""
-        return {E.e4m3: "float8_e4m3fn", E.e5m2: "float8_e5m2"}.get(self.elem, "uint8")
 
     def kwargs(self) -> dict:
         kw: dict[str, Any] = {"block": self.block, "nibble_order": self.nibble_order}
@@ -222,12 +235,14 @@ class Format:
 
     def c_args(self) -> tuple:
         """The lowbit::BlockFormat fields in the order _C takes them."""
-        return (self.elem, self.block, self.scale_type, self.rule, self.nibbles, self.zero_scale_kind, self.eps)
+        return self._c_args
 
     def _key(self):
         return (self.name,) + self.c_args()
 
     def __eq__(self, other):
+        if other is self:
+            return True
         if isinstance(other, str):
             try:
                 other = Format(other)
@@ -236,7 +251,7 @@ class Format:
         return isinstance(other, Format) and self._key() == other._key()
 
     def __hash__(self):
-        return hash(self._key())
+        return self._hash
 
     def __repr__(self):
         kw = ", ".join(f"{k}={v!r}" for k, v in self.kwargs().items())
@@ -244,6 +259,10 @@ class Format:
 
     def __str__(self):
         return _C.format_name(*self.c_args())
+
+
+_FORMAT_CACHE: dict = {}
+_FORMAT_CACHE_MAX = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,7 +293,8 @@ class Quantized:
     m_indptr: Any = None
 
     def __post_init__(self):
-        object.__setattr__(self, "format", Format.of(self.format))
+        if type(self.format) is not Format:
+            object.__setattr__(self, "format", Format.of(self.format))
         layout_kind(self.layout, "Quantized")
         if self.shape is None:
             s = tuple(int(d) for d in self.data.shape)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
-from ._arrays import Backend, as_array, c_view, dtype_name, is_torch, same_backend
+from ._arrays import Backend, _torch, as_array, c_export, c_view, dtype_name, is_torch, same_backend
 
 _KINDS = {"row_major": _C.ScaleLayoutKind.row_major, "blocked128x4": _C.ScaleLayoutKind.blocked128x4}
 _PADS = {"flashinfer": _C.GroupPad.flashinfer, "cumsum": _C.GroupPad.cumsum}
@@ -28,13 +28,18 @@ def _bytes(x, op, arg):
         return None
     x = as_array(x, op, arg, float_default=False)
     if is_torch(x):
-        t = __import__("torch")
+        t = _torch()
         if x.element_size() != 1:
             raise ValueError(f"{op}: argument '{arg}': expected 1-byte elements, got {x.dtype}")
         return x if x.dtype == t.uint8 else x.view(t.uint8)
     if x.dtype.itemsize != 1:
         raise ValueError(f"{op}: argument '{arg}': expected 1-byte elements, got {x.dtype}")
     return x if x.dtype == np.uint8 else x.view(np.uint8)
+
+
+def _cb(x, op, arg):
+    """_bytes(x) as _C takes it (torch tensors as DLPack capsules)."""
+    return c_export(_bytes(x, op, arg))
 
 
 def _f32(x, be: Backend, op, arg):
@@ -88,11 +93,11 @@ def nvfp4_dual_gemm_silu(a, b1=None, b2=None, sfa=None, sfb1=None, sfb2=None, *,
             out = be.empty((M, N), oname)
     cv, cdt = c_view(out, op, "out")
     with be.guard():
-        _C.nvfp4_dual_gemm(a, _bytes(b1, op, "b1"), _bytes(b2, op, "b2"), _bytes(sfa, op, "sfa"),
-                           _bytes(sfb1, op, "sfb1"), _bytes(sfb2, op, "sfb2"),
+        _C.nvfp4_dual_gemm(c_export(a), _cb(b1, op, "b1"), _cb(b2, op, "b2"), _cb(sfa, op, "sfa"),
+                           _cb(sfb1, op, "sfb1"), _cb(sfb2, op, "sfb2"),
                            _choice(scale_layout, _KINDS, "scale_layout", op), _f32(amax_a, be, op, "amax_a"),
                            _f32(amax_b1, be, op, "amax_b1"), _f32(amax_b2, be, op, "amax_b2"), cv, cdt,
-                           _bytes(packed_b, op, "packed_b"), stream=be.stream())
+                           _cb(packed_b, op, "packed_b"), be.stream())
     return out
 
 
@@ -108,8 +113,8 @@ def nvfp4_dual_gemm_prepack(b1, b2, sfb1, sfb2, *, scale_layout: str = "row_majo
     be = Backend(b1)
     packed = be.empty((_C.nvfp4_dual_gemm_packed_bytes(N, K, L),), "uint8")
     with be.guard():
-        _C.nvfp4_dual_gemm_prepack(b1, _bytes(b2, op, "b2"), _bytes(sfb1, op, "sfb1"), _bytes(sfb2, op, "sfb2"),
-                                   _choice(scale_layout, _KINDS, "scale_layout", op), packed, stream=be.stream())
+        _C.nvfp4_dual_gemm_prepack(c_export(b1), _cb(b2, op, "b2"), _cb(sfb1, op, "sfb1"), _cb(sfb2, op, "sfb2"),
+                                   _choice(scale_layout, _KINDS, "scale_layout", op), c_export(packed), be.stream())
     return packed
 
 
@@ -143,9 +148,9 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="b
     ov, odt = c_view(out, op, "out")
     pad = _choice(group_pad, _PADS, "group_pad", op) if a_scale_layout == "blocked128x4" else _C.GroupPad.none
     with be.guard():
-        _C.group_gemm_mxfp4(av, adt, None if aname == "bfloat16" else _bytes(a_scale, op, "a_scale"),
-                            _choice(a_scale_layout, _KINDS, "a_scale_layout", op), pad, _bytes(b, op, "b"),
-                            _bytes(b_scale, op, "b_scale"), _choice(b_scale_layout, _KINDS, "b_scale_layout", op),
+        _C.group_gemm_mxfp4(av, adt, None if aname == "bfloat16" else _cb(a_scale, op, "a_scale"),
+                            _choice(a_scale_layout, _KINDS, "a_scale_layout", op), pad, _cb(b, op, "b"),
+                            _cb(b_scale, op, "b_scale"), _choice(b_scale_layout, _KINDS, "b_scale_layout", op),
                             c_view(m_indptr, op, "m_indptr")[0], ov, odt, stream=be.stream())
     return out
 
@@ -173,7 +178,7 @@ def gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b
     with be.guard():
         _C.gpt_oss_moe_mlp(xv, xdt, c_view(be.adopt(topk_ids, op, "topk_ids", "int32"), op, "topk_ids")[0],
                            c_view(be.adopt(topk_weights, op, "topk_weights", "float32"), op, "topk_weights")[0],
-                           _bytes(w1, op, "w1"), _bytes(w1_scale, op, "w1_scale"), b1v, b1dt, _bytes(w2, op, "w2"),
-                           _bytes(w2_scale, op, "w2_scale"), b2v, b2dt, float(alpha), float(limit),
+                           _cb(w1, op, "w1"), _cb(w1_scale, op, "w1_scale"), b1v, b1dt, _cb(w2, op, "w2"),
+                           _cb(w2_scale, op, "w2_scale"), b2v, b2dt, float(alpha), float(limit),
                            _choice(act, acts, "act", op), ov, odt, stream=be.stream())
     return out

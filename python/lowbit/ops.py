@@ -9,11 +9,14 @@ NotImplementedError.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence, Tuple
 
 from . import _C
-from ._arrays import Backend, as_array, array_dtype_name, c_view, dtype_name, is_torch, same_backend
-from ._formats import Format, Quantized, group_pad_kind, layout_kind
+from ._arrays import Backend, as_array, array_dtype_name, c_export, c_view, dtype_name, is_torch, same_backend
+from ._formats import GROUP_PADS, LAYOUTS, Format, Quantized, group_pad_kind, layout_kind
+
+_PAD_NONE = _C.GroupPad.none
 
 __all__ = [
     "build_info", "scale_shape", "quantize", "dequantize", "transcode", "cast", "convert_scale_layout",
@@ -37,11 +40,14 @@ def build_info() -> dict:
 
 def _check_mat(x, op: str, arg: str) -> Tuple[int, int, int]:
     """(L, M, K) of a 2-D [M, K] or 3-D [L, M, K] array; ValueError naming `arg` otherwise."""
-    if x.ndim not in (2, 3):
-        raise ValueError(f"{op}: argument '{arg}': expected a 2-D [M, K] or 3-D [L, M, K] array, "
-                         f"got shape {tuple(x.shape)}")
-    L = int(x.shape[0]) if x.ndim == 3 else 1
-    return L, int(x.shape[-2]), int(x.shape[-1])
+    shape = x.shape
+    nd = len(shape)
+    if nd == 2:
+        return 1, int(shape[0]), int(shape[1])
+    if nd == 3:
+        return int(shape[0]), int(shape[1]), int(shape[2])
+    raise ValueError(f"{op}: argument '{arg}': expected a 2-D [M, K] or 3-D [L, M, K] array, "
+                     f"got shape {tuple(shape)}")
 
 
 def _check_block(f: Format, K: int, op: str, arg: str):
@@ -50,9 +56,22 @@ def _check_block(f: Format, K: int, op: str, arg: str):
                          f"size {f.block} of {f} (lowbit neither pads nor truncates)")
 
 
-def _scale_storage_shape(f: Format, kind, row_align: int, pad, L: int, M: int, K: int, groups: int, batched: bool):
-    s = _C.scale_shape(*f.c_args(), kind, int(row_align), pad, L, M, K, groups)
+@functools.lru_cache(maxsize=4096)
+def _scale_storage_shape_cached(f: Format, layout: str, row_align, group_pad, L: int, M: int, K: int, groups: int,
+                                batched: bool):
+    pad = _PAD_NONE if group_pad is None else GROUP_PADS[group_pad]
+    s = _C.scale_shape(*f.c_args(), LAYOUTS[layout], int(row_align), pad, L, M, K, groups)
     return tuple(s) if batched else tuple(s[1:])
+
+
+def _scale_storage_shape(f: Format, layout: str, row_align, group_pad, L: int, M: int, K: int, groups: int,
+                         batched: bool):
+    """Shape of the stored scales (lowbit::scale_shape, which validates the layout; the shapes
+    are cached: errors are not, and raise on every call). group_pad: None when not grouped."""
+    try:
+        return _scale_storage_shape_cached(f, layout, row_align, group_pad, L, M, K, groups, batched)
+    except TypeError:  # unhashable row_align: let int() / the binding report it
+        return _scale_storage_shape_cached.__wrapped__(f, layout, row_align, group_pad, L, M, K, groups, batched)
 
 
 def _indptr(be: Backend, m_indptr, op: str):
@@ -110,16 +129,30 @@ def quantize(x, fmt="mxfp8_e4m3", layout: str = "row_major", *, row_align: int =
     op = "quantize"
     x = as_array(x, op, "x")
     f = Format.of(fmt, **fmt_kwargs)
+    q, scales, zeros, gam, ind = _quantize(x, f, layout, row_align, m_indptr, group_pad, global_amax,
+                                           compute_global_amax)
+    return Quantized(q, scales, zeros, gam, f, layout, tuple(int(s) for s in x.shape), int(row_align),
+                     group_pad if ind is not None else None, ind)
+
+
+def _quantize(x, f: Format, layout: str, row_align=1, m_indptr=None, group_pad="flashinfer", global_amax=None,
+              compute_global_amax=False):
+    """quantize() after as_array and Format.of: (q, scales, zeros, global_amax, m_indptr)."""
+    op = "quantize"
     kind = layout_kind(layout, op)
     be = Backend(x)
     L, M, K = _check_mat(x, op, "x")
     _check_block(f, K, op, "x")
-    ind, groups = _indptr(be, m_indptr, op)
-    same_backend(x, ind, op, "m_indptr")
-    pad = group_pad_kind(group_pad, ind is not None, op)
-    batched = x.ndim == 3
-    q = be.empty(x.shape[:-1] + ((K // 2,) if f.packed else (K,)), f.code_dtype)
-    sshape = _scale_storage_shape(f, kind, row_align, pad, L, M, K, groups, batched)
+    if m_indptr is None:
+        ind, groups, pad, gpad = None, 0, _PAD_NONE, None
+    else:
+        ind, groups = _indptr(be, m_indptr, op)
+        same_backend(x, ind, op, "m_indptr")
+        pad = group_pad_kind(group_pad, True, op)
+        gpad = group_pad
+    batched = len(x.shape) == 3
+    q = be.empty((L, M, K // 2 if f.packed else K) if batched else (M, K // 2 if f.packed else K), f.code_dtype)
+    sshape = _scale_storage_shape(f, layout, row_align, gpad, L, M, K, groups, batched)
     scales = be.empty(sshape, f.scale_dtype)
     zeros = be.empty(sshape, "uint8") if f.has_zero_point else None
     gam = None
@@ -128,16 +161,17 @@ def quantize(x, fmt="mxfp8_e4m3", layout: str = "row_major", *, row_align: int =
         same_backend(x, gam, op, "global_amax")
     elif compute_global_amax:
         gam = be.zeros((1,), "float32")
+    xv, xdt = c_view(x, op, "x")
+    qv, qdt = c_view(q, op, "q")
+    sv, sdt = c_view(scales, op, "scales")
     with be.guard():
-        _C.quantize(*c_view(x, op, "x"), *c_view(q, op, "q"), *c_view(scales, op, "scales"), *f.c_args(), kind,
-                    int(row_align), pad,
-                    zeros=None if zeros is None else c_view(zeros, op, "zeros")[0],
-                    global_amax=None if gam is None else c_view(gam, op, "global_amax")[0],
-                    compute_global_amax=bool(compute_global_amax),
-                    m_indptr=None if ind is None else c_view(ind, op, "m_indptr")[0],
-                    stream=be.stream())
-    return Quantized(q, scales, zeros, gam, f, layout, tuple(int(s) for s in x.shape), int(row_align),
-                     group_pad if ind is not None else None, ind)
+        _C.quantize(xv, xdt, qv, qdt, sv, sdt, *f.c_args(), kind, int(row_align), pad,
+                    None if zeros is None else c_view(zeros, op, "zeros")[0],
+                    None if gam is None else c_view(gam, op, "global_amax")[0],
+                    bool(compute_global_amax),
+                    None if ind is None else c_view(ind, op, "m_indptr")[0],
+                    be.stream())
+    return q, scales, zeros, gam, ind
 
 
 def dequantize(qt: Quantized, out_dtype="float32") -> object:
@@ -159,13 +193,15 @@ def dequantize(qt: Quantized, out_dtype="float32") -> object:
     out = be.empty(qt.shape, out_name)
     kind = layout_kind(qt.layout, op)
     pad = group_pad_kind(qt.group_pad, qt.m_indptr is not None, op)
+    qv, qdt = c_view(qt.data, op, "q")
+    sv, sdt = c_view(qt.scales, op, "scales")
+    ov, odt = c_view(out, op, "out")
     with be.guard():
-        _C.dequantize(*c_view(qt.data, op, "q"), *c_view(qt.scales, op, "scales"),
-                      *c_view(out, op, "out"), *f.c_args(), kind, int(qt.row_align), pad,
-                      zeros=None if qt.zeros is None else c_view(qt.zeros, op, "zeros")[0],
-                      global_amax=None if qt.global_amax is None else c_view(qt.global_amax, op, "global_amax")[0],
-                      m_indptr=None if qt.m_indptr is None else c_view(qt.m_indptr, op, "m_indptr")[0],
-                      stream=be.stream())
+        _C.dequantize(qv, qdt, sv, sdt, ov, odt, *f.c_args(), kind, int(qt.row_align), pad,
+                      None if qt.zeros is None else c_view(qt.zeros, op, "zeros")[0],
+                      None if qt.global_amax is None else c_view(qt.global_amax, op, "global_amax")[0],
+                      None if qt.m_indptr is None else c_view(qt.m_indptr, op, "m_indptr")[0],
+                      be.stream())
     return out
 
 
@@ -205,16 +241,32 @@ def cast(x, dtype="float8_e4m3fn", saturate: bool = True):
     be = Backend(x)
     out = be.empty(x.shape, out_name)
     sat = _C.Saturate.finite if saturate else _C.Saturate.none
+    xv, xdt = c_view(x, op, "x")
+    ov, odt = c_view(out, op, "out")
     with be.guard():
-        _C.cast(*c_view(x, op, "x"), *c_view(out, op, "out"), sat, stream=be.stream())
+        _C.cast(xv, xdt, ov, odt, sat, be.stream())
     return out
 
 
 _PLAIN_FMT = Format("fp8_e4m3", block=1)  # block 1: scale_shape of an R x C matrix is that of K = C
 
 
+@functools.lru_cache(maxsize=1024)
+def _layout_storage_cached(kind_name, row_align, pad_name, L, R, C, groups):
+    pad = _PAD_NONE if pad_name is None else GROUP_PADS[pad_name]
+    return tuple(_C.scale_shape(*_PLAIN_FMT.c_args(), LAYOUTS[kind_name], int(row_align), pad, L, R, C, groups))
+
+
+_KIND_NAMES = {v: k for k, v in LAYOUTS.items()}
+_PAD_NAMES = {v: k for k, v in GROUP_PADS.items()}
+_PAD_NAMES[_PAD_NONE] = None
+
+
 def _layout_storage(kind, row_align, pad, L, R, C, groups):
-    return tuple(_C.scale_shape(*_PLAIN_FMT.c_args(), kind, int(row_align), pad, L, R, C, groups))
+    try:
+        return _layout_storage_cached(_KIND_NAMES[kind], row_align, _PAD_NAMES[pad], L, R, C, groups)
+    except TypeError:  # unhashable row_align
+        return tuple(_C.scale_shape(*_PLAIN_FMT.c_args(), kind, int(row_align), pad, L, R, C, groups))
 
 
 def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", dst: str = "blocked128x4",
@@ -260,10 +312,11 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
     batched = scales.ndim == 3 or L > 1
     oshape = _layout_storage(dk, dst_row_align, dpad, L, R, C, groups)
     out = be.empty(oshape if batched else oshape[1:], name)
+    iv = c_view(scales, op, "in")[0]
+    ov, odt = c_view(out, op, "out")
     with be.guard():
-        _C.convert_scale_layout(c_view(scales, op, "in")[0], c_view(out, op, "out")[0], c_view(out, op, "out")[1],
-                                sk, int(src_row_align), spad, dk, int(dst_row_align), dpad, R, C,
-                                m_indptr=None if ind is None else c_view(ind, op, "m_indptr")[0], stream=be.stream())
+        _C.convert_scale_layout(iv, ov, odt, sk, int(src_row_align), spad, dk, int(dst_row_align), dpad, R, C,
+                                None if ind is None else c_view(ind, op, "m_indptr")[0], be.stream())
     return out
 
 
@@ -336,11 +389,33 @@ def mxfp8_quantize(x, swizzled: bool = False, rounding: str = "rceil", *, dtype=
     Returns (q float8_e4m3fn [.., M, K], scales float8_e8m0fnu): row-major [M, K/32], or the
     128x4 swizzled [round_up(M,128), round_up(K/32,4)] when ``swizzled``.
     ``dtype="float8_e5m2"`` gives MXFP8 E5M2 (qmax 57344, emax 15)."""
-    name = {"float8_e4m3fn": "mxfp8_e4m3", "float8_e5m2": "mxfp8_e5m2"}.get(dtype_name(dtype, "mxfp8_quantize"))
+    name = _MXFP8_NAMES.get(dtype_name(dtype, "mxfp8_quantize"))
     if name is None:
         raise ValueError(f"mxfp8_quantize: argument 'dtype': expected float8_e4m3fn or float8_e5m2, got {dtype!r}")
-    qt = quantize(x, name, "blocked128x4" if swizzled else "row_major", rounding=rounding)
-    return qt.data, qt.scales
+    x = as_array(x, "quantize", "x")
+    f = _entry_format(name, "rounding", rounding)
+    q, scales, _, _, _ = _quantize(x, f, "blocked128x4" if swizzled else "row_major")
+    return q, scales
+
+
+_ENTRY_FORMATS: dict = {}
+
+
+def _entry_format(name: str, kw: str, value) -> Format:
+    """Format.of(name, **{kw: value}), looked up by the raw value (only valid ones are stored:
+    equal values of other types, e.g. 1 and True, are rejected by Format before)."""
+    try:
+        return _ENTRY_FORMATS[(name, kw, value)]
+    except (KeyError, TypeError):
+        pass
+    f = Format.of(name, **{kw: value})
+    if isinstance(value, str) and len(_ENTRY_FORMATS) < 256:
+        _ENTRY_FORMATS[(name, kw, value)] = f
+    return f
+
+
+_MXFP8_NAMES = {"float8_e4m3fn": "mxfp8_e4m3", "float8_e5m2": "mxfp8_e5m2"}
+_PTG_NAMES = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
 
 def mxfp4_quantize(x, swizzled: bool = False, rounding: str = "rceil"):
@@ -348,8 +423,10 @@ def mxfp4_quantize(x, swizzled: bool = False, rounding: str = "rceil"):
     2^(floor(log2 amax) - 2), the OCP rule), q = e2m1_satfinite(x / s), two codes a byte (element
     2i in the low nibble). Returns (q uint8 [.., M, K/2], scales float8_e8m0fnu row-major
     [M, K/32] or 128x4 swizzled when ``swizzled``)."""
-    qt = quantize(x, "mxfp4", "blocked128x4" if swizzled else "row_major", rounding=rounding)
-    return qt.data, qt.scales
+    x = as_array(x, "quantize", "x")
+    f = _entry_format("mxfp4", "rounding", rounding)
+    q, scales, _, _, _ = _quantize(x, f, "blocked128x4" if swizzled else "row_major")
+    return q, scales
 
 
 def nvfp4_quantize(x, global_amax=None, swizzled: bool = False, *, zero_scale: str = "zero"):
@@ -359,9 +436,10 @@ def nvfp4_quantize(x, global_amax=None, swizzled: bool = False, *, zero_scale: s
     ``global_amax`` is the tensor's amax (a float or float32 [1] array), not FlashInfer's
     global_scale (= S_enc). Returns (q uint8 [.., M, K/2], scales float8_e4m3fn row-major
     [M, K/16] or 128x4 swizzled when ``swizzled``)."""
-    qt = quantize(x, "nvfp4", "blocked128x4" if swizzled else "row_major", global_amax=global_amax,
-                  zero_scale=zero_scale)
-    return qt.data, qt.scales
+    x = as_array(x, "quantize", "x")
+    f = _entry_format("nvfp4", "zero_scale", zero_scale)
+    q, scales, _, _, _ = _quantize(x, f, "blocked128x4" if swizzled else "row_major", global_amax=global_amax)
+    return q, scales
 
 
 def per_token_group_quant(x, group_size: int = 128, dtype="float8_e4m3fn", scale_ue8m0: bool = False,
@@ -378,18 +456,35 @@ def per_token_group_quant(x, group_size: int = 128, dtype="float8_e4m3fn", scale
     if isinstance(dtype, str) and dtype == "int4":
         name = "int4"
     else:
-        name = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}.get(dtype_name(dtype, op))
+        name = _PTG_NAMES.get(dtype_name(dtype, op))
         if name is None:
             raise ValueError(f"{op}: argument 'dtype': expected float8_e4m3fn, float8_e5m2 or 'int4', got {dtype!r}")
-    f = Format(name, block=int(group_size), scale_dtype="ue8m0" if scale_ue8m0 else "float32", eps=eps)
+    f = _ptg_format(name, group_size, scale_ue8m0, eps)
+    x = as_array(x, "quantize", "x")
     if not column_major_scales:
-        qt = quantize(x, f)
-        return qt.data, qt.scales
+        q, scales, _, _, _ = _quantize(x, f, "row_major")
+        return q, scales
     row_align = (16 // (1 if scale_ue8m0 else 4)) if tma_aligned else 1
-    qt = quantize(x, f, "col_major", row_align=row_align)
-    M = int(qt.shape[-2])
-    be = Backend(qt.data)
-    return qt.data, be.transpose_last(qt.scales[..., :M])
+    q, scales, _, _, _ = _quantize(x, f, "col_major", row_align)
+    M = int(x.shape[-2])
+    return q, scales[..., :M].transpose(-1, -2) if is_torch(q) else scales[..., :M].swapaxes(-1, -2)
+
+
+_PTG_FORMATS: dict = {}
+
+
+def _ptg_format(name: str, group_size, scale_ue8m0, eps) -> Format:
+    """The Format of per_token_group_quant, looked up by (name, int(group_size), bool(scale_ue8m0),
+    float(eps)) once Format accepted them."""
+    try:
+        key = (name, int(group_size), bool(scale_ue8m0), float(eps))
+        return _PTG_FORMATS[key]
+    except (KeyError, TypeError, ValueError):
+        key = None
+    f = Format.of(name, block=int(group_size), scale_dtype="ue8m0" if scale_ue8m0 else "float32", eps=eps)
+    if key is not None and len(_PTG_FORMATS) < 256:
+        _PTG_FORMATS[key] = f
+    return f
 
 
 def block_scale_interleave(scales):

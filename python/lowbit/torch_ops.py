@@ -55,7 +55,7 @@ def _fmt(fmt: str, block: int, rounding: str, scale_dtype: str, nibble_order: st
         kw["scale_dtype"] = scale_dtype
     if zero_scale:
         kw["zero_scale"] = zero_scale
-    return Format(fmt, **kw)
+    return Format.of(fmt, **kw)
 
 
 def _fake_quant(x: Tensor, f: Format, layout: str, row_align: int = 1):
@@ -148,7 +148,7 @@ def _ptg_format(group_size: int, dtype: str, scale_ue8m0: bool, eps: float) -> F
     if name is None:
         raise ValueError(f"per_token_group_quant: argument 'dtype': expected float8_e4m3fn, float8_e5m2 or int4, "
                          f"got {dtype!r}")
-    return Format(name, block=group_size, scale_dtype="ue8m0" if scale_ue8m0 else "float32", eps=eps)
+    return Format.of(name, block=group_size, scale_dtype="ue8m0" if scale_ue8m0 else "float32", eps=eps)
 
 
 @torch.library.custom_op("lowbit::per_token_group_quant", mutates_args=())
