@@ -207,6 +207,96 @@ __device__ __forceinline__ uint32_t enc_int4(float v) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Magic-number encoders of the fast quantize paths (sm90_quantize.cu). Each rounds with one
+// fp32 add/FMA into a binade whose ulp is the target grid step (RNE ties = the reference's
+// ties, since every magic constant has an even significand), so the code is an integer
+// difference of fp32 bit patterns; the packers below take the biased values directly
+// (acc * 16 + b_j) and remove the bias of the 8 nibbles with one subtraction.
+
+/// E2M1 of a >= 0 (not NaN), given c = (f/2, f/4, f/8) where the value is a * f: the code is
+/// min(n0, n1 + 2, n2 + 4, 7) with n0 = RNE(2af), n1 = RNE(af), n2 = RNE(af/2) (the E2M1 grid
+/// has steps 0.5 / 1 / 2 on [0,2) / [2,4) / [4,6]; outside its own binade each candidate is
+/// >= the true code). All three are taken in the binade [2^21, 2^22) (ulp 0.25), so they
+/// share the bias kE2M1Bias and the result is kE2M1Bias + code. The products are exact
+/// inside the FMA, so a * f need not be representable (MX: f = 2^k, up to 2^127).
+constexpr uint32_t kE2M1Bias = 0x4A000000u;  // bits(2^21)
+__device__ __forceinline__ uint32_t e2m1_biased(float a, float c0, float c1, float c2) {
+  const uint32_t b0 = fbits(fmaf(a, c0, 2097152.0f));
+  const uint32_t b1 = fbits(fmaf(a, c1, 2097152.5f));
+  const uint32_t b2 = fbits(fmaf(a, c2, 2097153.0f));
+  return min(min(b0, b1), min(b2, kE2M1Bias + 7u));
+}
+
+/// Round-half-even of v + 8 for |v| <= 8 as bits(v + 1.5 * 2^23 + 8) = kInt4Bias + 8 + rint(v).
+constexpr uint32_t kInt4Bias = 0x4B400000u;  // bits(1.5 * 2^23)
+constexpr float kInt4Magic = 12582920.0f;    // 1.5 * 2^23 + 8
+
+/// Sign bits of 8 elements, placed at bit 3 of each element's nibble (element j at 4j + 3).
+/// 16-bit types: w[0..3] hold elements (2i, 2i+1) as (low, high) halves; fp32: w[0..7].
+template <bool k32>
+__device__ __forceinline__ uint32_t nibble_signs8(const uint32_t* w) {
+  uint32_t E, O;  // byte i: bit 7 = sign of element 2i (E) / 2i+1 (O)
+  if (k32) {
+    E = __byte_perm(__byte_perm(w[0], w[2], 0x0073), __byte_perm(w[4], w[6], 0x0073), 0x5410);
+    O = __byte_perm(__byte_perm(w[1], w[3], 0x0073), __byte_perm(w[5], w[7], 0x0073), 0x5410);
+  } else {
+    const uint32_t X = __byte_perm(w[0], w[1], 0x7351), Y = __byte_perm(w[2], w[3], 0x7351);
+    E = __byte_perm(X, Y, 0x5410);
+    O = __byte_perm(X, Y, 0x7632);
+  }
+  return (O & 0x80808080u) | ((E >> 4) & 0x08080808u);
+}
+
+/// Correctly rounded x / s from y = RN(1/s) (the IEEE reciprocal) by two residual corrections:
+///   q0 = RN(x y); q1 = RN(q0 - (q0 s - x) y); q2 = RN(q1 - (q1 s - x) y) = RN(x / s).
+/// Why: q0 is within 1.5 ulp of x/s (|y - 1/s| <= 2^-24/s), so the exact q0 - (q0 s - x) y =
+/// x/s + (1 - s y)(q0 - x/s) lies within 1.5 * 2^-24 ulp of x/s even with the residual rounded,
+/// and q1 is faithful (within 1 ulp). For a faithful q1 the residual q1 s - x is exact (FMA)
+/// and, y being RN(1/s), Markstein's theorem gives RN(q1 + (x - q1 s) y) = RN(x / s).
+/// Preconditions (checked per block by the caller, fast_div_ok): 2^-60 <= s <= 2^100 and
+/// |x| / s < 2^64. Then for |x / s| >= 2^-18 (every quotient that an fp8 / int4 encoder can
+/// tell from 0) x, q and the residuals are normal (|residual| >= 2^(e_x - 47) >= 2^-125), so
+/// the theorem applies; smaller quotients come out tiny (< 2^-17) with the sign of x, which is
+/// all the encoders look at. The residual is formed as q s - x (not x - q s) so that x = -0
+/// gives -0 like the IEEE division. sm90_selftest_encoders checks it on 2^32 (x, s) pairs.
+__device__ __forceinline__ float div_by_recip(float x, float s, float y) {
+  const float q0 = x * y;
+  const float q1 = fmaf(-fmaf(q0, s, -x), y, q0);
+  return fmaf(-fmaf(q1, s, -x), y, q1);
+}
+/// The preconditions of div_by_recip for every |x| <= amax (fp32 bits of amax and s).
+__device__ __forceinline__ bool fast_div_ok(uint32_t amax_bits, uint32_t s_bits) {
+  const int es = int(s_bits >> 23), ea = int(amax_bits >> 23);
+  return s_bits < 0x7F800000u && es >= 127 - 60 && es <= 127 + 100 && ea - es < 63;
+}
+
+/// NF4 code lookup: cell k = RNE(16 v + 16) (k in [0, 32] for |v| <= 1 + 2^-23) covers a
+/// closed interval of width 1/16, narrower than the smallest gap between NF4 thresholds
+/// (0.0805), so it holds at most one threshold `thr` (+Inf if none); `base` counts the
+/// thresholds below the cell. code(v) = base + (v > thr), the reference's count of thresholds
+/// strictly below v.
+struct NF4Cell {
+  float thr;
+  uint32_t base;
+};
+constexpr int kNF4Cells = 33;
+__device__ __forceinline__ NF4Cell nf4_cell_init(int k) {
+  const float lo = (float(k) - 0.5f) / 16.0f - 1.0f, hi = (float(k) + 0.5f) / 16.0f - 1.0f;  // exact
+  NF4Cell c{__int_as_float(0x7F800000), 0u};
+  for (int i = 0; i < 15; ++i) {
+    const float t = nf4_threshold(i);
+    if (t < lo) ++c.base;
+    else if (t <= hi) c.thr = t;
+  }
+  return c;
+}
+__device__ __forceinline__ uint32_t nf4_cell_code(float v, const NF4Cell* cells) {
+  const uint32_t k = fbits(fmaf(v, 16.0f, 8388624.0f)) - 0x4B000000u;  // 2^23 + 16
+  const NF4Cell c = cells[k];
+  return c.base + (v > c.thr ? 1u : 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
 // vector memory access
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
   uint4 r;
@@ -226,6 +316,41 @@ __device__ __forceinline__ void st_stream(void* p, uint4 v) {
 }
 __device__ __forceinline__ void st_stream8(void* p, uint2 v) {
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+
+/// Warp-contiguous wide stores: each lane owns N (2 or 4) 16-byte vectors for p, p + 16, ...
+/// Stored as they are, one store instruction covers 16 B every 16 N bytes (partial sectors).
+/// A butterfly transpose over groups of N lanes gives lane q of a group the vector q of every
+/// lane i of the group instead, stored at p_i + 16 q: each instruction then writes 16 N
+/// contiguous bytes per group when the group's lanes own consecutive pieces (any addresses
+/// stay correct). All 32 lanes must call it; a lane with p == nullptr stores nothing.
+template <int N>
+__device__ __forceinline__ void st_group(char* p, uint4* v) {
+  const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+  for (int bit = N / 2; bit >= 1; bit >>= 1) {
+    const bool up = (lane & unsigned(bit)) != 0;
+#pragma unroll
+    for (int v0 = 0; v0 < N; ++v0) {
+      if (v0 & bit) continue;
+      const int v1 = v0 | bit;
+      uint4 snd = up ? v[v0] : v[v1];
+      uint4 rcv;
+      rcv.x = __shfl_xor_sync(0xFFFFFFFFu, snd.x, bit);
+      rcv.y = __shfl_xor_sync(0xFFFFFFFFu, snd.y, bit);
+      rcv.z = __shfl_xor_sync(0xFFFFFFFFu, snd.z, bit);
+      rcv.w = __shfl_xor_sync(0xFFFFFFFFu, snd.w, bit);
+      if (up) v[v0] = rcv;
+      else v[v1] = rcv;
+    }
+  }
+  const unsigned base = lane & ~unsigned(N - 1), q = lane & unsigned(N - 1);
+  const unsigned long long pa = reinterpret_cast<unsigned long long>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    char* pi = reinterpret_cast<char*>(__shfl_sync(0xFFFFFFFFu, pa, base + unsigned(i)));
+    if (pi) st_stream(pi + 16 * q, v[i]);
+  }
 }
 
 /// Raw 16-element input chunk: fp32 needs 4 x 16 B, fp16 / bf16 2 x 16 B.

@@ -37,15 +37,19 @@ __device__ __forceinline__ float dequant_exact(const BlockFormat& f, uint8_t c, 
   return f.rule == ScaleRule::kNvfp4 ? dev::x86_mul(v, s_dec) : v;
 }
 
+/// The output bytes of 16 values: fp32 4 vectors, fp16 / bf16 2, fp8 1.
 template <DType O>
-__device__ __forceinline__ void store16(void* base, int64_t elem_off, const float* v, bool nan) {
-  char* p = static_cast<char*>(base);
+constexpr int out_vecs() {
+  return O == DType::kFloat32 ? 4 : (O == DType::kBFloat16 || O == DType::kFloat16 ? 2 : 1);
+}
+
+template <DType O>
+__device__ __forceinline__ void pack16(const float* v, bool nan, uint4* out) {
   if (O == DType::kFloat32) {
-    uint4* q = reinterpret_cast<uint4*>(p + elem_off * 4);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      dev::st_stream(q + i, make_uint4(dev::fbits(v[4 * i]), dev::fbits(v[4 * i + 1]), dev::fbits(v[4 * i + 2]),
-                                       dev::fbits(v[4 * i + 3])));
+      out[i] = make_uint4(dev::fbits(v[4 * i]), dev::fbits(v[4 * i + 1]), dev::fbits(v[4 * i + 2]),
+                          dev::fbits(v[4 * i + 3]));
   } else if (O == DType::kBFloat16 || O == DType::kFloat16) {
     uint32_t w[8];
 #pragma unroll
@@ -64,15 +68,14 @@ __device__ __forceinline__ void store16(void* base, int64_t elem_off, const floa
                          (uint32_t(__half_as_ushort(__float2half_rn(v[2 * i + 1]))) << 16);
       }
     }
-    uint4* q = reinterpret_cast<uint4*>(p + elem_off * 2);
-    dev::st_stream(q, make_uint4(w[0], w[1], w[2], w[3]));
-    dev::st_stream(q + 1, make_uint4(w[4], w[5], w[6], w[7]));
+    out[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    out[1] = make_uint4(w[4], w[5], w[6], w[7]);
   } else {
     constexpr bool k5 = O == DType::kE5M2;
     uint32_t w[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) w[i] = dev::enc_fp8x4<k5>(v + 4 * i, Saturate::kFinite);
-    dev::st_stream(p + elem_off, make_uint4(w[0], w[1], w[2], w[3]));
+    out[0] = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -92,7 +95,14 @@ __global__ void __launch_bounds__(kThreads) dequantize_vec_kernel(const DArgs a)
   const bool is_u4 = f.elem == Elem::kUInt4;
   const bool hi_first = f.nibbles == NibbleOrder::kHighFirst;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
-  for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < a.units; u += stride) {
+  constexpr int kV = out_vecs<O>();
+  // NOTE: warp-uniform loop (the wide outputs store through st_group, which needs every lane)
+  const int64_t lane = threadIdx.x & 31;
+  for (int64_t u0 = int64_t(blockIdx.x) * kThreads + threadIdx.x - lane; u0 < a.units; u0 += stride) {
+    const int64_t u = u0 + lane;
+    uint4 ov[kV];
+    char* op = nullptr;
+    if (u < a.units) {
     const uint32_t uu = uint32_t(u);
     const uint32_t row = a.cpr.div(uu);
     const uint32_t j = uu - row * a.cpr.d;
@@ -151,7 +161,14 @@ __global__ void __launch_bounds__(kThreads) dequantize_vec_kernel(const DArgs a)
       }
     }
     const int64_t oo = int64_t(l) * p.o_sL + int64_t(m) * p.o_sM + int64_t(j) * 16;
-    store16<O>(p.out, oo, v, nan);
+    pack16<O>(v, nan, ov);
+    op = static_cast<char*>(p.out) + oo * dtype_bytes(O);
+    }
+    if (kV == 1) {
+      if (op) dev::st_stream(op, ov[0]);
+    } else {
+      dev::st_group<kV>(op, ov);
+    }
   }
 }
 

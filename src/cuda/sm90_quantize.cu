@@ -159,16 +159,24 @@ __device__ __forceinline__ void encode16(const float* v, const float* nf4t, uint
   }
 }
 
-template <DType T, Elem E>
+/// How a block's elements are scaled on the fast path (the recipe's arithmetic, fixed at
+/// compile time): kPow2 = times a power of two (MX rules, UE8M0 group scales); kDiv = divided
+/// by an fp32 scale (F32 group scales, zero-point recipe); kMul = times an arbitrary fp32
+/// factor (NVFP4, NF4 absmax).
+enum class QMode : int { kPow2, kDiv, kMul };
+
+template <DType T, Elem E, QMode M>
 struct VecQuant {
   static constexpr bool kMinMax = E == Elem::kUInt4;
   static constexpr bool kPacked = elem_bits(E) == 4;
-  static constexpr int kEsz = T == DType::kFloat32 ? 4 : 2;
+  static constexpr bool k16 = T != DType::kFloat32;
 
   const QArgs& a;
   const dev::GroupMap& gm;
   const float* nf4t;
+  const dev::NF4Cell* cells;
   QuantContext ctx;
+  float s_enc6 = 1.0f, s_dec = 1.0f;  // NVFP4: s_enc * (1/6), 1 / s_enc
   int tpb;
   unsigned gmask;
 
@@ -181,40 +189,192 @@ struct VecQuant {
   }
   __device__ __forceinline__ const char* src(uint32_t l, uint32_t m, uint32_t j) const {
     const QuantPlan& p = a.p;
-    return static_cast<const char*>(p.x) + (int64_t(l) * p.x_sL + int64_t(m) * p.x_sM + int64_t(j) * 16) * kEsz;
+    return static_cast<const char*>(p.x) + (int64_t(l) * p.x_sL + int64_t(m) * p.x_sM + int64_t(j) * 16) * (k16 ? 2 : 4);
+  }
+
+  /// |x| of element i from the raw chunk and (16-bit types) the masked words aw.
+  __device__ __forceinline__ float absval(const dev::Chunk16<T>& ch, const uint32_t* aw, int i) const {
+    if (T == DType::kBFloat16) return dev::bitsf(i & 1 ? (aw[i >> 1] & 0xFFFF0000u) : (aw[i >> 1] << 16));
+    if (T == DType::kFloat16) return __half2float(__ushort_as_half(uint16_t(aw[i >> 1] >> ((i & 1) * 16))));
+    return fabsf(dev::bitsf(ch.w[i]));
+  }
+
+  /// NVFP4 block scale (= compute_block_scale for kNvfp4 on a finite block) with the per-tensor
+  /// terms hoisted and the E4M3 conversions in hardware (both proved equal by the self-test).
+  __device__ __forceinline__ BlockScale nvfp4_scale(uint32_t amax_bits) const {
+    BlockScale b;
+    uint32_t sb = dev::hw_e4m3x2(dev::bitsf(amax_bits) * s_enc6, 0.0f) & 0xFFu;
+    const ZeroScale z = a.p.f.zero_scale;
+    if (sb == 0) sb = z == ZeroScale::kMinSubnormal ? 0x01 : (z == ZeroScale::kOne ? 0x38 : 0x00);
+    float d[2];
+    dev::dec_fp8x2<false>(sb, d);
+    b.code = sb;
+    const float m = 1.0f / (d[0] * s_dec);
+    b.factor = m < kFltMax ? m : kFltMax;
+    return b;
+  }
+
+  /// UE8M0 code of a finite block of the kPow2 recipes (= compute_block_scale: MX FLOOR / RCEIL,
+  /// amax group recipe with UE8M0 scales).
+  __device__ __forceinline__ uint32_t pow2_code(uint32_t amax_bits) const {
+    const BlockFormat& f = a.p.f;
+    if (f.rule == ScaleRule::kMxFloor) {
+      int e = int((amax_bits >> 23) & 0xFFu) - 127 - elem_emax(E);
+      e = e < -127 ? -127 : (e > 127 ? 127 : e);
+      return uint32_t(e + 127);
+    }
+    float am = dev::bitsf(amax_bits);
+    if (f.rule == ScaleRule::kAmax) am = am > f.eps ? am : f.eps;
+    return encode_ue8m0_rceil(am / elem_max(E));
   }
 
   __device__ __forceinline__ void process(const dev::Chunk16<T>& ch, uint32_t l, uint32_t m, uint32_t j) const {
     const QuantPlan& p = a.p;
-    float v[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = ch.get(i);
+    // ---- block statistics
+    uint32_t aw[8];  // 16-bit types: the words with both sign bits cleared
     BlockStats st;
     if (kMinMax) {
-      st = block_stats_init(v[0]);
+      float mn = ch.get(0), mx = mn;
+      uint32_t am = dev::fbits(mn) & 0x7FFFFFFFu;
 #pragma unroll
-      for (int i = 1; i < 16; ++i) st.add(v[i]);
+      for (int i = 1; i < 16; ++i) {
+        const float x = ch.get(i);
+        mn = fminf(mn, x);
+        mx = fmaxf(mx, x);
+        am = max(am, dev::fbits(x) & 0x7FFFFFFFu);
+      }
+      // fminf / fmaxf order ties of +-0 differently from the reference; the zero point and
+      // scale do not depend on the sign of a zero min / max (eps > 0), and a NaN block is
+      // caught by amax_bits.
+      st.amax_bits = am;
+      st.min = mn;
+      st.max = mx;
+    } else if (k16) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) aw[i] = ch.w[i] & 0x7FFF7FFFu;
+      uint32_t h = __vimax3_u16x2(__vimax3_u16x2(aw[0], aw[1], aw[2]), __vimax3_u16x2(aw[3], aw[4], aw[5]),
+                                  __vmaxu2(aw[6], aw[7]));
+      h = max(h >> 16, h & 0xFFFFu);
+      st.amax_bits = T == DType::kBFloat16 ? h << 16 : dev::fbits(dev::dec_f16(uint16_t(h)));
     } else {
       uint32_t am = 0;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) am = max(am, dev::fbits(v[i]) & 0x7FFFFFFFu);
+      for (int i = 0; i < 16; ++i) am = max(am, ch.w[i] & 0x7FFFFFFFu);
       st.amax_bits = am;
     }
     merge_shfl(st, gmask, tpb, kMinMax);
-    const BlockScale b = compute_block_scale(p.f, st, ctx);
+
+    // ---- scale and codes
+    BlockScale b;
     uint32_t out[4];
-    if (b.nonfinite) {
+    bool fast = st.finite();
+    if (!fast) {
+      b = compute_block_scale(p.f, st, ctx);
       const uint32_t fill = E == Elem::kNF4 ? 0x77777777u : 0u;
       out[0] = out[1] = out[2] = out[3] = fill;
-    } else if (!b.divide || p.f.scale_type == ScaleType::kUE8M0) {
-      // x * factor; a UE8M0 divisor 2^(code-127) becomes the exact product with 2^(127-code)
-      const float mul = b.divide ? exp2i(127 - int(b.code)) : b.factor;
+    } else if (M == QMode::kPow2) {
+      b.code = pow2_code(st.amax_bits);
+      const int e = 127 - int(b.code);  // every kPow2 recipe multiplies by 2^(127 - code)
+      const float mul = exp2i(e);
+      if (E == Elem::kE2M1) {
+        const float c2 = exp2i(e - 3), c1 = c2 * 2.0f, c0 = c2 * 4.0f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = v[i] * mul;
-      encode16<E>(v, nf4t, b.zero, false, out);
-    } else {
+        for (int w = 0; w < 2; ++w) {
+          uint32_t acc = 0;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = v[i] / b.factor;
+          for (int i = 7; i >= 0; --i) acc = acc * 16u + dev::e2m1_biased(absval(ch, aw, 8 * w + i), c0, c1, c2);
+          out[w] = (acc - dev::kE2M1Bias * 0x11111111u) | dev::nibble_signs8<!k16>(ch.w + (k16 ? 4 : 8) * w);
+        }
+      } else if (E == Elem::kInt4) {
+        // |x * mul| <= 7 (the scale is rounded up), so no clamp; the FMA rounds x * 2^k once
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          uint32_t acc = 0;
+#pragma unroll
+          for (int i = 7; i >= 0; --i) acc = acc * 16u + dev::fbits(fmaf(ch.get(8 * w + i), mul, dev::kInt4Magic));
+          out[w] = (acc - dev::kInt4Bias * 0x11111111u) ^ 0x88888888u;
+        }
+      } else {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = ch.get(i) * mul;
+        encode16<E>(v, nf4t, 0, false, out);
+      }
+    } else if (M == QMode::kDiv) {
+      if (kMinMax) {
+        b = compute_block_scale(p.f, st, ctx);
+      } else {  // = compute_block_scale for kAmax with F32 scales
+        const float am = dev::bitsf(st.amax_bits);
+        b.factor = (am > p.f.eps ? am : p.f.eps) / elem_max(E);
+        b.code = dev::fbits(b.factor);
+        b.divide = true;
+      }
+      const float s = b.factor;
+      fast = dev::fast_div_ok(st.amax_bits, dev::fbits(s));
+      if (fast) {
+        const float y = 1.0f / s;
+        float q[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) q[i] = dev::div_by_recip(ch.get(i), s, y);
+        if (E == Elem::kInt4) {
+          // |x / s| <= 7 * (1 + 2^-23): s = RN(max(amax, eps) / 7) >= amax / 7 * (1 - 2^-24)
+#pragma unroll
+          for (int w = 0; w < 2; ++w) {
+            uint32_t acc = 0;
+#pragma unroll
+            for (int i = 7; i >= 0; --i) acc = acc * 16u + dev::fbits(q[8 * w + i] + dev::kInt4Magic);
+            out[w] = (acc - dev::kInt4Bias * 0x11111111u) ^ 0x88888888u;
+          }
+        } else if (E == Elem::kUInt4) {
+          // clamp(rint(q) + zp, 0, 15): bits(q + 1.5 * 2^23) = kInt4Bias + rint(q) (monotone;
+          // negative sums are negative ints), clamped to [bias - zp, bias + 15 - zp]
+          const int lo = int(dev::kInt4Bias) - int(b.zero), hi = lo + 15;
+#pragma unroll
+          for (int w = 0; w < 2; ++w) {
+            uint32_t acc = 0;
+#pragma unroll
+            for (int i = 7; i >= 0; --i)
+              acc = acc * 16u + uint32_t(min(max(int(dev::fbits(q[8 * w + i] + 12582912.0f)), lo), hi));
+            out[w] = acc - uint32_t(lo) * 0x11111111u;
+          }
+        } else {
+          encode16<E>(q, nf4t, 0, false, out);
+        }
+      }
+    } else {  // kMul
+      if (E == Elem::kE2M1) {
+        b = nvfp4_scale(st.amax_bits);
+      } else {  // = compute_block_scale for kAbsmax
+        b.code = st.amax_bits;
+        b.factor = 1.0f / dev::bitsf(st.amax_bits);
+      }
+      const float f = b.factor;
+      if (E == Elem::kE2M1) {
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          uint32_t acc = 0;
+#pragma unroll
+          for (int i = 7; i >= 0; --i)
+            acc = acc * 16u + dev::e2m1_biased(absval(ch, aw, 8 * w + i) * f, 0.5f, 0.25f, 0.125f);
+          out[w] = (acc - dev::kE2M1Bias * 0x11111111u) | dev::nibble_signs8<!k16>(ch.w + (k16 ? 4 : 8) * w);
+        }
+      } else {  // NF4: f = 1 / amax; an infinite f (amax < 2^-128) takes the reference path
+        fast = dev::fbits(f) < 0x7F800000u;
+        if (fast) {
+#pragma unroll
+          for (int w = 0; w < 2; ++w) {
+            uint32_t acc = 0;
+#pragma unroll
+            for (int i = 7; i >= 0; --i) acc = acc * 16u + dev::nf4_cell_code(ch.get(8 * w + i) * f, cells);
+            out[w] = acc;
+          }
+        }
+      }
+    }
+    if (!fast && st.finite()) {  // rare blocks: the reference arithmetic element by element
+      float v[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = b.divide ? ch.get(i) / b.factor : ch.get(i) * b.factor;
       encode16<E>(v, nf4t, b.zero, true, out);
     }
     uint8_t* qp = p.q + int64_t(l) * p.q_sL + int64_t(m) * p.q_sM;
@@ -234,24 +394,28 @@ struct VecQuant {
   }
 };
 
-template <DType T, Elem E>
+template <DType T, Elem E, QMode M>
 __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const QArgs a) {
   extern __shared__ int64_t smem[];
   __shared__ float nf4t[16];
+  __shared__ dev::NF4Cell cells[dev::kNF4Cells];
   setup_tables<E>(nf4t);
+  if (E == Elem::kNF4 && threadIdx.x < dev::kNF4Cells) cells[threadIdx.x] = dev::nf4_cell_init(int(threadIdx.x));
   if (E == Elem::kNF4) __syncthreads();
   const QuantPlan& p = a.p;
   const dev::GroupMap gm = dev::stage_groups(p.sp, smem);
   const int tpb = 1 << a.tpb_log2;
   const unsigned lane = threadIdx.x & 31u;
-  VecQuant<T, E> w{a, gm, nf4t, QuantContext{}, tpb,
-                   tpb >= 32 ? 0xFFFFFFFFu : ((1u << tpb) - 1u) << (lane & ~unsigned(tpb - 1))};
+  VecQuant<T, E, M> w{a, gm, nf4t, cells, QuantContext{}, 1.0f, 1.0f, tpb,
+                      tpb >= 32 ? 0xFFFFFFFFu : ((1u << tpb) - 1u) << (lane & ~unsigned(tpb - 1))};
   w.ctx.s_enc = load_global_amax_scale(p);
+  w.s_enc6 = w.ctx.s_enc * (1.0f / 6.0f);
+  w.s_dec = 1.0f / w.ctx.s_enc;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   // NOTE: two chunks per iteration, both loads issued before either is processed (more bytes
   // in flight per thread); data_units is a multiple of the block's lanes, so `has1` is uniform
-  // over the lanes that shuffle together.
+  // over the lanes that shuffle together. The two chunks share one copy of the processing code.
   for (int64_t u = first; u < a.data_units; u += 2 * stride) {
     const bool has1 = u + stride < a.data_units;
     uint32_t l0, m0, j0, l1 = 0, m1 = 0, j1 = 0;
@@ -262,8 +426,17 @@ __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const QArgs a) {
       w.coords(u + stride, l1, m1, j1);
       c1.load(w.src(l1, m1, j1));
     }
-    w.process(c0, l0, m0, j0);
-    if (has1) w.process(c1, l1, m1, j1);
+#pragma unroll 1
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1) {
+        if (!has1) break;
+        c0 = c1;
+        l0 = l1;
+        m0 = m1;
+        j0 = j1;
+      }
+      w.process(c0, l0, m0, j0);
+    }
   }
   for (int64_t pu = first; pu < a.pad_units; pu += stride) write_pad_row(a, gm, pu);
 }
@@ -385,13 +558,23 @@ cudaError_t launch_q(Kernel k, const QArgs& a, int64_t units, size_t smem, cudaS
 
 template <DType T>
 cudaError_t launch_vec_t(const QArgs& a, int64_t units, size_t smem, cudaStream_t s) {
-  switch (a.p.f.elem) {
-    case Elem::kE4M3: return launch_q(quantize_vec_kernel<T, Elem::kE4M3>, a, units, smem, s);
-    case Elem::kE5M2: return launch_q(quantize_vec_kernel<T, Elem::kE5M2>, a, units, smem, s);
-    case Elem::kE2M1: return launch_q(quantize_vec_kernel<T, Elem::kE2M1>, a, units, smem, s);
-    case Elem::kInt4: return launch_q(quantize_vec_kernel<T, Elem::kInt4>, a, units, smem, s);
-    case Elem::kUInt4: return launch_q(quantize_vec_kernel<T, Elem::kUInt4>, a, units, smem, s);
-    case Elem::kNF4: return launch_q(quantize_vec_kernel<T, Elem::kNF4>, a, units, smem, s);
+  const BlockFormat& f = a.p.f;
+  const bool div = f.scale_type == ScaleType::kF32 && (f.rule == ScaleRule::kAmax || f.rule == ScaleRule::kMinMax);
+  switch (f.elem) {
+    case Elem::kE4M3:
+      return div ? launch_q(quantize_vec_kernel<T, Elem::kE4M3, QMode::kDiv>, a, units, smem, s)
+                 : launch_q(quantize_vec_kernel<T, Elem::kE4M3, QMode::kPow2>, a, units, smem, s);
+    case Elem::kE5M2:
+      return div ? launch_q(quantize_vec_kernel<T, Elem::kE5M2, QMode::kDiv>, a, units, smem, s)
+                 : launch_q(quantize_vec_kernel<T, Elem::kE5M2, QMode::kPow2>, a, units, smem, s);
+    case Elem::kE2M1:
+      return f.rule == ScaleRule::kNvfp4 ? launch_q(quantize_vec_kernel<T, Elem::kE2M1, QMode::kMul>, a, units, smem, s)
+                                         : launch_q(quantize_vec_kernel<T, Elem::kE2M1, QMode::kPow2>, a, units, smem, s);
+    case Elem::kInt4:
+      return div ? launch_q(quantize_vec_kernel<T, Elem::kInt4, QMode::kDiv>, a, units, smem, s)
+                 : launch_q(quantize_vec_kernel<T, Elem::kInt4, QMode::kPow2>, a, units, smem, s);
+    case Elem::kUInt4: return launch_q(quantize_vec_kernel<T, Elem::kUInt4, QMode::kDiv>, a, units, smem, s);
+    case Elem::kNF4: return launch_q(quantize_vec_kernel<T, Elem::kNF4, QMode::kMul>, a, units, smem, s);
   }
   return cudaErrorInvalidValue;
 }

@@ -148,14 +148,18 @@ struct Raw16 {
 };
 
 template <DType O>
-__device__ __forceinline__ void cast_store16(void* base, int64_t elem_off, const float* v, Saturate sat, bool nan) {
-  char* p = static_cast<char*>(base);
+constexpr int cast_vecs() {
+  return O == DType::kFloat32 ? 4 : (O == DType::kBFloat16 || O == DType::kFloat16 ? 2 : 1);
+}
+
+/// The output bytes of 16 values as 16-byte vectors (cast_vecs<O>() of them).
+template <DType O>
+__device__ __forceinline__ void cast_pack16(const float* v, Saturate sat, bool nan, uint4* out) {
   if (O == DType::kFloat32) {
-    uint4* q = reinterpret_cast<uint4*>(p + elem_off * 4);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      dev::st_stream(q + i, make_uint4(dev::fbits(v[4 * i]), dev::fbits(v[4 * i + 1]), dev::fbits(v[4 * i + 2]),
-                                       dev::fbits(v[4 * i + 3])));
+      out[i] = make_uint4(dev::fbits(v[4 * i]), dev::fbits(v[4 * i + 1]), dev::fbits(v[4 * i + 2]),
+                          dev::fbits(v[4 * i + 3]));
   } else if (O == DType::kBFloat16 || O == DType::kFloat16) {
     uint32_t w[8];
 #pragma unroll
@@ -172,41 +176,55 @@ __device__ __forceinline__ void cast_store16(void* base, int64_t elem_off, const
                          (uint32_t(__half_as_ushort(__float2half_rn(v[2 * i + 1]))) << 16);
       }
     }
-    uint4* q = reinterpret_cast<uint4*>(p + elem_off * 2);
-    dev::st_stream(q, make_uint4(w[0], w[1], w[2], w[3]));
-    dev::st_stream(q + 1, make_uint4(w[4], w[5], w[6], w[7]));
+    out[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    out[1] = make_uint4(w[4], w[5], w[6], w[7]);
   } else {
     constexpr bool k5 = O == DType::kE5M2;
     uint32_t w[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       w[i] = sat == Saturate::kFinite ? dev::enc_fp8x4_finite<k5>(v + 4 * i) : dev::enc_fp8x4<k5>(v + 4 * i, sat);
-    dev::st_stream(p + elem_off, make_uint4(w[0], w[1], w[2], w[3]));
+    out[0] = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
-/// One 16-element chunk: hardware path, exact path for chunks that hold a NaN.
+/// One 16-element chunk: hardware path, exact path for chunks that hold a NaN. Stores through
+/// st_group (wide outputs), so every lane of the warp calls it; `live` false stores nothing.
 template <DType I, DType O>
-__device__ __forceinline__ void cast_chunk(const void* x, int64_t xo, void* out, int64_t oo, Saturate sat) {
-  Raw16<I> r;
-  r.load(x, xo);
-  float v[16];
-  bool nan = r.decode_fast(v);
-  if (nan) r.decode_exact(v);
-  if (I == DType::kFloat32 || I == DType::kBFloat16) {  // NaN passes through exactly: still check
-    float acc = v[0];
+__device__ __forceinline__ void cast_chunk(const void* x, int64_t xo, void* out, int64_t oo, Saturate sat, bool live) {
+  constexpr int kV = cast_vecs<O>();
+  uint4 ov[kV];
+  char* op = nullptr;
+  if (live) {
+    Raw16<I> r;
+    r.load(x, xo);
+    float v[16];
+    bool nan = r.decode_fast(v);
+    if (nan) r.decode_exact(v);
+    if (I == DType::kFloat32 || I == DType::kBFloat16) {  // NaN passes through exactly: still check
+      float acc = v[0];
 #pragma unroll
-    for (int i = 1; i < 16; ++i) asm("max.NaN.f32 %0, %0, %1;" : "+f"(acc) : "f"(v[i]));
-    nan = acc != acc;
+      for (int i = 1; i < 16; ++i) asm("max.NaN.f32 %0, %0, %1;" : "+f"(acc) : "f"(v[i]));
+      nan = acc != acc;
+    }
+    cast_pack16<O>(v, sat, nan, ov);
+    op = static_cast<char*>(out) + oo * dtype_bytes(O);
   }
-  cast_store16<O>(out, oo, v, sat, nan);
+  if (kV == 1) {
+    if (op) dev::st_stream(op, ov[0]);
+  } else {
+    dev::st_group<kV>(op, ov);
+  }
 }
 
 template <DType I, DType O>
 __global__ void __launch_bounds__(kThreads) cast_vec_kernel(const CArgs a) {
   const int64_t stride = int64_t(gridDim.x) * kThreads;
-  for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < a.units; u += stride) {
-    const uint32_t uu = uint32_t(u);
+  const int64_t lane = threadIdx.x & 31;
+  for (int64_t u0 = int64_t(blockIdx.x) * kThreads + threadIdx.x - lane; u0 < a.units; u0 += stride) {
+    const int64_t u = u0 + lane;
+    const bool live = u < a.units;
+    const uint32_t uu = uint32_t(live ? u : u0);
     uint32_t row = a.cpr.div(uu);
     const uint32_t j = uu - row * a.cpr.d;
     int64_t xo = int64_t(j) * 16, oo = int64_t(j) * 16;
@@ -217,7 +235,7 @@ __global__ void __launch_bounds__(kThreads) cast_vec_kernel(const CArgs a) {
       xo += idx * a.xs[d];
       oo += idx * a.os[d];
     }
-    cast_chunk<I, O>(a.x, xo, a.out, oo, a.sat);
+    cast_chunk<I, O>(a.x, xo, a.out, oo, a.sat, live);
   }
 }
 
@@ -226,8 +244,10 @@ __global__ void __launch_bounds__(kThreads) cast_vec_kernel(const CArgs a) {
 template <DType I, DType O>
 __global__ void __launch_bounds__(kThreads) cast_flat_kernel(const void* x, void* out, int64_t chunks, Saturate sat) {
   const int64_t stride = int64_t(gridDim.x) * kThreads;
-  for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < chunks; u += stride) {
-    cast_chunk<I, O>(x, u * 16, out, u * 16, sat);
+  const int64_t lane = threadIdx.x & 31;
+  for (int64_t u0 = int64_t(blockIdx.x) * kThreads + threadIdx.x - lane; u0 < chunks; u0 += stride) {
+    const int64_t u = u0 + lane;
+    cast_chunk<I, O>(x, u * 16, out, u * 16, sat, u < chunks);
   }
 }
 
