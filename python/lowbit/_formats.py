@@ -306,6 +306,17 @@ class Quantized:
         if self.m_indptr is not None and self.group_pad is None:
             object.__setattr__(self, "group_pad", "flashinfer")
 
+    @classmethod
+    def _from_parts(cls, data, scales, zeros, global_amax, format, layout, shape, row_align, group_pad, m_indptr):
+        """A Quantized from fields already in their checked form (format a Format, layout a valid
+        name, shape a tuple of ints, group_pad set when m_indptr is): what quantize() builds,
+        without __post_init__'s conversions."""
+        self = object.__new__(cls)
+        self.__dict__.update(data=data, scales=scales, zeros=zeros, global_amax=global_amax, format=format,
+                             layout=layout, shape=shape, row_align=row_align, group_pad=group_pad,
+                             m_indptr=m_indptr)
+        return self
+
     def __iter__(self):
         """``q, s = qt`` unpacks codes and scales."""
         return iter((self.data, self.scales))

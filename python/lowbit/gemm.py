@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
-from ._arrays import Backend, _torch, as_array, c_export, c_view, dtype_name, is_torch, same_backend
+from ._arrays import _T_EXPORT, Backend, _torch, as_array, c_export, c_view, dtype_name, is_torch, same_backend
 
 _KINDS = {"row_major": _C.ScaleLayoutKind.row_major, "blocked128x4": _C.ScaleLayoutKind.blocked128x4}
 _PADS = {"flashinfer": _C.GroupPad.flashinfer, "cumsum": _C.GroupPad.cumsum}
@@ -28,10 +28,11 @@ def _bytes(x, op, arg):
         return None
     x = as_array(x, op, arg, float_default=False)
     if is_torch(x):
-        t = _torch()
         if x.element_size() != 1:
             raise ValueError(f"{op}: argument '{arg}': expected 1-byte elements, got {x.dtype}")
-        return x if x.dtype == t.uint8 else x.view(t.uint8)
+        # dtypes of lowbit's tables go to _C as they are (c_export takes a uint8 view where this
+        # torch's DLPack lacks the dtype); any other 1-byte dtype as its uint8 bytes
+        return x if x.dtype in _T_EXPORT else x.view(_torch().uint8)
     if x.dtype.itemsize != 1:
         raise ValueError(f"{op}: argument '{arg}': expected 1-byte elements, got {x.dtype}")
     return x if x.dtype == np.uint8 else x.view(np.uint8)

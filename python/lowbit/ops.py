@@ -131,8 +131,8 @@ def quantize(x, fmt="mxfp8_e4m3", layout: str = "row_major", *, row_align: int =
     f = Format.of(fmt, **fmt_kwargs)
     q, scales, zeros, gam, ind = _quantize(x, f, layout, row_align, m_indptr, group_pad, global_amax,
                                            compute_global_amax)
-    return Quantized(q, scales, zeros, gam, f, layout, tuple(int(s) for s in x.shape), int(row_align),
-                     group_pad if ind is not None else None, ind)
+    return Quantized._from_parts(q, scales, zeros, gam, f, layout, tuple(int(s) for s in x.shape), int(row_align),
+                                 group_pad if ind is not None else None, ind)
 
 
 def _quantize(x, f: Format, layout: str, row_align=1, m_indptr=None, group_pad="flashinfer", global_amax=None,
@@ -257,16 +257,13 @@ def _layout_storage_cached(kind_name, row_align, pad_name, L, R, C, groups):
     return tuple(_C.scale_shape(*_PLAIN_FMT.c_args(), LAYOUTS[kind_name], int(row_align), pad, L, R, C, groups))
 
 
-_KIND_NAMES = {v: k for k, v in LAYOUTS.items()}
-_PAD_NAMES = {v: k for k, v in GROUP_PADS.items()}
-_PAD_NAMES[_PAD_NONE] = None
-
-
-def _layout_storage(kind, row_align, pad, L, R, C, groups):
+def _layout_storage(layout: str, row_align, group_pad, L, R, C, groups):
+    """Stored shape (L, rows, cols) of L R x C matrices in `layout` (validated by the caller);
+    group_pad: a GROUP_PADS name, or None when not grouped. Cached like _scale_storage_shape."""
     try:
-        return _layout_storage_cached(_KIND_NAMES[kind], row_align, _PAD_NAMES[pad], L, R, C, groups)
-    except TypeError:  # unhashable row_align
-        return tuple(_C.scale_shape(*_PLAIN_FMT.c_args(), kind, int(row_align), pad, L, R, C, groups))
+        return _layout_storage_cached(layout, row_align, group_pad, L, R, C, groups)
+    except TypeError:  # unhashable row_align: let int() / the binding report it
+        return _layout_storage_cached.__wrapped__(layout, row_align, group_pad, L, R, C, groups)
 
 
 def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", dst: str = "blocked128x4",
@@ -288,20 +285,21 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
     ind, groups = _indptr(be, m_indptr, op)
     same_backend(scales, ind, op, "m_indptr")
     sk, dk = layout_kind(src, op, "src"), layout_kind(dst, op, "dst")
-    spad = dpad = _C.GroupPad.none
+    spad = dpad = _PAD_NONE
+    spn = dpn = None  # GROUP_PADS names of spad / dpad
     if ind is not None:  # the blocked128x4 side is the grouped one
         if dk == _C.ScaleLayoutKind.blocked128x4:
-            dpad = group_pad_kind(group_pad, True, op)
+            dpad, dpn = group_pad_kind(group_pad, True, op), group_pad
         elif sk == _C.ScaleLayoutKind.blocked128x4:
-            spad = group_pad_kind(group_pad, True, op)
+            spad, spn = group_pad_kind(group_pad, True, op), group_pad
         else:
             raise ValueError(f"{op}: argument 'm_indptr': grouped padding needs src or dst 'blocked128x4'")
     name = array_dtype_name(scales, op, "scales")
     numel = 1
     for d in scales.shape:
         numel *= int(d)
-    if spad == _C.GroupPad.none:
-        per = _layout_storage(sk, src_row_align, spad, 1, R, C, 0)
+    if spn is None:
+        per = _layout_storage(src, src_row_align, None, 1, R, C, 0)
         size = per[1] * per[2]
         if numel % size:
             raise ValueError(f"{op}: argument 'scales': {numel} elements are not a whole number of {R} x {C} "
@@ -310,7 +308,7 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
     else:
         L = 1
     batched = scales.ndim == 3 or L > 1
-    oshape = _layout_storage(dk, dst_row_align, dpad, L, R, C, groups)
+    oshape = _layout_storage(dst, dst_row_align, dpn, L, R, C, groups)
     out = be.empty(oshape if batched else oshape[1:], name)
     iv = c_view(scales, op, "in")[0]
     ov, odt = c_view(out, op, "out")
