@@ -164,10 +164,13 @@ __global__ void __launch_bounds__(kThreads) dequantize_vec_kernel(const DArgs a)
     pack16<O>(v, nan, ov);
     op = static_cast<char*>(p.out) + oo * dtype_bytes(O);
     }
-    if (kV == 1) {
-      if (op) dev::st_stream(op, ov[0]);
-    } else {
-      dev::st_group<kV>(op, ov);
+    // fp32: through st_group (measured 0.41 -> 0.88 of copy); fp16 / bf16 store directly
+    // (st_group<2> measured slower here: 4-bit dequantize 0.71-0.75 -> 0.65-0.70)
+    if (kV == 4) {
+      dev::st_group<4>(op, ov);
+    } else if (op) {
+#pragma unroll
+      for (int i = 0; i < kV; ++i) dev::st_stream(op + 16 * i, ov[i]);
     }
   }
 }

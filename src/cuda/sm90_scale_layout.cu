@@ -38,6 +38,70 @@ __global__ void __launch_bounds__(kThreads) convert_layout_kernel(const LayoutPl
   }
 }
 
+/// 32-bit index math of the ungrouped layouts (every offset < 2^32): run-time divisions by
+/// FastDiv multiplies instead of 64-bit divisions.
+struct Div32 {
+  FastDiv bs;   // batch stride of the output
+  FastDiv inner;  // output: C (row-major), Rp (col-major), column quads (blocked)
+};
+
+/// (stored row, column) of output offset `off` of an ungrouped layout (= scale_coords).
+__device__ __forceinline__ void coords32(const ScaleLayout& l, const FastDiv& inner, uint32_t off, uint32_t& r,
+                                         uint32_t& c) {
+  switch (l.kind) {
+    case ScaleLayoutKind::kRowMajor: r = inner.div(off); c = off - r * inner.d; return;
+    case ScaleLayoutKind::kColMajor: c = inner.div(off); r = off - c * inner.d; return;
+    case ScaleLayoutKind::kBlocked128x4: {
+      const uint32_t atom = off >> 9, in = off & 511u, t = inner.div(atom);
+      r = t * 128u + ((in >> 2) & 3u) * 32u + (in >> 4);
+      c = (atom - t * inner.d) * 4u + (in & 3u);
+      return;
+    }
+    case ScaleLayoutKind::kBlocked8x4: {
+      const uint32_t tile = off >> 5, in = off & 31u, t = inner.div(tile);
+      r = t * 8u + (in >> 2);
+      c = (tile - t * inner.d) * 4u + (in & 3u);
+      return;
+    }
+  }
+}
+
+/// Ungrouped u8 scales, output batch stride a multiple of 4, everything below 2^31: one thread
+/// writes 4 consecutive output bytes with one 32-bit store (in the blocked layouts these are
+/// 4 columns of one row, so a row-major source gives 4 consecutive bytes).
+__global__ void __launch_bounds__(kThreads) convert_layout_u8x4_kernel(const LayoutPlan p, const Div32 d) {
+  const uint8_t* in = static_cast<const uint8_t*>(p.in);
+  uint32_t* out = static_cast<uint32_t*>(p.out);
+  const uint32_t total4 = uint32_t(p.L * p.to.batch_stride / 4);
+  const uint32_t R = uint32_t(p.from.rows), C = uint32_t(p.from.cols);
+  const uint32_t fbs = uint32_t(p.from.batch_stride), frp = uint32_t(p.from.rows_pad);
+  const uint32_t fcp4 = uint32_t(ceil_div(p.from.cols, 4));
+  const uint32_t stride = gridDim.x * kThreads;
+  for (uint32_t q = blockIdx.x * kThreads + threadIdx.x; q < total4; q += stride) {
+    const uint32_t o = q * 4u;
+    const uint32_t l = d.bs.div(o), off = o - l * d.bs.d;
+    uint32_t word = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      uint32_t r, c;
+      coords32(p.to.layout, d.inner, off + uint32_t(k), r, c);
+      if (r < R && c < C) {
+        uint32_t so;
+        switch (p.from.layout.kind) {
+          case ScaleLayoutKind::kRowMajor: so = r * C + c; break;
+          case ScaleLayoutKind::kColMajor: so = c * frp + r; break;
+          case ScaleLayoutKind::kBlocked128x4:
+            so = ((r >> 7) * fcp4 + (c >> 2)) * 512u + (r & 31u) * 16u + ((r & 127u) >> 5) * 4u + (c & 3u);
+            break;
+          default: so = (r >> 3) * fcp4 * 32u + (c >> 2) * 32u + (r & 7u) * 4u + (c & 3u); break;
+        }
+        word |= uint32_t(__ldg(in + l * fbs + so)) << (8 * k);
+      }
+    }
+    out[q] = word;
+  }
+}
+
 }  // namespace
 
 int convert_layout(const LayoutPlan& p, void* stream) {
@@ -46,6 +110,20 @@ int convert_layout(const LayoutPlan& p, void* stream) {
   if (total == 0) return cudaSuccess;
   const size_t smem = dev::group_smem_bytes(p.from) + dev::group_smem_bytes(p.to);
   if (smem > 200 * 1024) return cudaErrorNotSupported;
+  if (p.elem_bytes == 1 && p.from.groups == 0 && p.to.groups == 0 && p.to.batch_stride % 4 == 0 &&
+      total < (int64_t(1) << 31) && p.L * p.from.batch_stride < (int64_t(1) << 31) &&
+      reinterpret_cast<uintptr_t>(p.out) % 4 == 0) {
+    Div32 d;
+    d.bs = FastDiv(uint32_t(p.to.batch_stride));
+    const ScaleLayoutKind k = p.to.layout.kind;
+    const int64_t cp4 = ceil_div(p.to.cols, 4);
+    d.inner = FastDiv(uint32_t(k == ScaleLayoutKind::kRowMajor ? p.to.cols
+                                                              : (k == ScaleLayoutKind::kColMajor ? p.to.rows_pad : cp4)));
+    const int64_t units = total / 4;
+    convert_layout_u8x4_kernel<<<unsigned(grid_for(convert_layout_u8x4_kernel, kThreads, units)), kThreads, 0, s>>>(
+        p, d);
+    return cudaGetLastError();
+  }
   if (p.elem_bytes == 4) {
     auto k = convert_layout_kernel<uint32_t>;
     if (smem > 48 * 1024) {
