@@ -17,9 +17,23 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "core/plan.hpp"
 
 namespace lowbit::cuda {
+
+/// The one runtime -> compile-time switch over the floating input dtypes (fp32 / fp16 / bf16):
+/// returns f(std::integral_constant<DType, T>{}), or cudaErrorInvalidValue for another dtype.
+template <typename F>
+cudaError_t with_float_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kFloat32: return f(std::integral_constant<DType, DType::kFloat32>{});
+    case DType::kFloat16: return f(std::integral_constant<DType, DType::kFloat16>{});
+    case DType::kBFloat16: return f(std::integral_constant<DType, DType::kBFloat16>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // host helpers

@@ -292,33 +292,21 @@ int kcache_quantize(const KCachePlan& p, void* stream) {
   const int64_t tchunks = (p.T + kTokChunk - 1) / kTokChunk;
   {
     const int64_t n = p.B * tchunks * p.H * (p.D / 2);
-    switch (p.k_dtype) {
-      case DType::kFloat32:
-        kc_amax<DType::kFloat32><<<unsigned(grid_for(kc_amax<DType::kFloat32>, kThreads, n)), kThreads, 0, s>>>(p, tchunks);
-        break;
-      case DType::kFloat16:
-        kc_amax<DType::kFloat16><<<unsigned(grid_for(kc_amax<DType::kFloat16>, kThreads, n)), kThreads, 0, s>>>(p, tchunks);
-        break;
-      default:
-        kc_amax<DType::kBFloat16><<<unsigned(grid_for(kc_amax<DType::kBFloat16>, kThreads, n)), kThreads, 0, s>>>(p, tchunks);
-        break;
-    }
+    const cudaError_t e = with_float_dtype(p.k_dtype, [&](auto t) {
+      constexpr DType T = decltype(t)::value;
+      kc_amax<T><<<unsigned(grid_for(kc_amax<T>, kThreads, n)), kThreads, 0, s>>>(p, tchunks);
+      return cudaGetLastError();
+    });
+    if (e != cudaSuccess) return e;
   }
   if (vec_ok(p)) {
     const int64_t units = p.B * p.T * p.H * (p.D / 16);
     const FastDiv d16(uint32_t(p.D / 16)), hd(uint32_t(p.H)), td(uint32_t(p.T));
-    switch (p.k_dtype) {
-      case DType::kFloat32:
-        kc_encode_vec<DType::kFloat32><<<unsigned(grid_for(kc_encode_vec<DType::kFloat32>, kThreads, units)), kThreads, 0, s>>>(p, d16, hd, td, units);
-        break;
-      case DType::kFloat16:
-        kc_encode_vec<DType::kFloat16><<<unsigned(grid_for(kc_encode_vec<DType::kFloat16>, kThreads, units)), kThreads, 0, s>>>(p, d16, hd, td, units);
-        break;
-      default:
-        kc_encode_vec<DType::kBFloat16><<<unsigned(grid_for(kc_encode_vec<DType::kBFloat16>, kThreads, units)), kThreads, 0, s>>>(p, d16, hd, td, units);
-        break;
-    }
-    return cudaGetLastError();
+    return with_float_dtype(p.k_dtype, [&](auto t) {
+      constexpr DType T = decltype(t)::value;
+      kc_encode_vec<T><<<unsigned(grid_for(kc_encode_vec<T>, kThreads, units)), kThreads, 0, s>>>(p, d16, hd, td, units);
+      return cudaGetLastError();
+    });
   }
   const int64_t n = p.B * p.T * p.H * (p.D / 2);
   kc_encode_generic<<<unsigned(grid_for(kc_encode_generic, kThreads, n)), kThreads, 0, s>>>(p);
@@ -331,18 +319,11 @@ int kcache_dequantize(const KCachePlan& p, void* stream) {
   if (vec_ok(p)) {
     const int64_t units = p.B * p.T * p.H * (p.D / 16);
     const FastDiv d16(uint32_t(p.D / 16)), hd(uint32_t(p.H)), td(uint32_t(p.T));
-    switch (p.k_dtype) {
-      case DType::kFloat32:
-        kc_decode_vec<DType::kFloat32><<<unsigned(grid_for(kc_decode_vec<DType::kFloat32>, kThreads, units)), kThreads, 0, s>>>(p, d16, hd, td, units);
-        break;
-      case DType::kFloat16:
-        kc_decode_vec<DType::kFloat16><<<unsigned(grid_for(kc_decode_vec<DType::kFloat16>, kThreads, units)), kThreads, 0, s>>>(p, d16, hd, td, units);
-        break;
-      default:
-        kc_decode_vec<DType::kBFloat16><<<unsigned(grid_for(kc_decode_vec<DType::kBFloat16>, kThreads, units)), kThreads, 0, s>>>(p, d16, hd, td, units);
-        break;
-    }
-    return cudaGetLastError();
+    return with_float_dtype(p.k_dtype, [&](auto t) {
+      constexpr DType T = decltype(t)::value;
+      kc_decode_vec<T><<<unsigned(grid_for(kc_decode_vec<T>, kThreads, units)), kThreads, 0, s>>>(p, d16, hd, td, units);
+      return cudaGetLastError();
+    });
   }
   const int64_t n = p.B * p.T * p.H * p.D;
   kc_decode_generic<<<unsigned(grid_for(kc_decode_generic, kThreads, n)), kThreads, 0, s>>>(p);

@@ -628,12 +628,7 @@ int quantize(const QuantPlan& p, void* stream) {
     a.tpb_log2 = lg;
     const int64_t units = a.data_units + a.pad_units;
     if (units == 0) return cudaSuccess;
-    switch (p.x_dtype) {
-      case DType::kFloat32: return launch_vec_t<DType::kFloat32>(a, units, smem, s);
-      case DType::kFloat16: return launch_vec_t<DType::kFloat16>(a, units, smem, s);
-      case DType::kBFloat16: return launch_vec_t<DType::kBFloat16>(a, units, smem, s);
-      default: return cudaErrorInvalidValue;
-    }
+    return with_float_dtype(p.x_dtype, [&](auto t) { return launch_vec_t<decltype(t)::value>(a, units, smem, s); });
   }
   a.data_units = p.L * p.M * a.C;
   const int64_t units = a.data_units + a.pad_units;
