@@ -46,17 +46,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 if [ "$gpu" = "1" ]; then cuda=${LOWBIT_ENABLE_CUDA:-ON}; else cuda=${LOWBIT_ENABLE_CUDA:-OFF}; fi
 
 # 1. Debian packages (only what is missing; needs root or sudo).
-need=()
-command -v cmake >/dev/null || need+=(cmake)
-command -v ninja >/dev/null || need+=(ninja-build)
-command -v g++ >/dev/null || need+=(g++)
-python3 -c "import venv, ensurepip" 2>/dev/null || need+=(python3-venv)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing Debian packages: ${need[*]}"
-  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd=sudo
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}"
-fi
+source "$root/scripts/lib/debian_deps.sh"
+ensure_build_tools
 
 # 2. Python environment (PyPI).
 if [ ! -x "$venv/bin/python" ]; then

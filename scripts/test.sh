@@ -15,18 +15,8 @@ build=${LOWBIT_BUILD_DIR:-$root/build/test}
 cuda=${LOWBIT_ENABLE_CUDA:-ON}
 
 # 1. Debian packages (only what is missing; needs root or sudo).
-need=()
-command -v cmake >/dev/null || need+=(cmake)
-command -v ninja >/dev/null || need+=(ninja-build)
-command -v g++ >/dev/null || need+=(g++)
-[ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
-python3 -c "import venv, ensurepip" 2>/dev/null || need+=(python3-venv)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing Debian packages: ${need[*]}"
-  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd=sudo
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}"
-fi
+source "$root/scripts/lib/debian_deps.sh"
+ensure_build_tools gtest
 
 # 2. Python environment (PyPI): build tools, test deps, pinned CUTLASS headers.
 if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
