@@ -102,6 +102,35 @@ __global__ void __launch_bounds__(kThreads) convert_layout_u8x4_kernel(const Lay
   }
 }
 
+/// Row-major -> 128x4 blocked, 1-byte scales, no groups (block_scale_interleave): one CTA per
+/// (batch, 128-row block, 64-column slab). The slab's 128 x 64 input bytes are staged in shared
+/// memory by coalesced row reads; its 16 output atoms (8 KiB, contiguous) are written with
+/// coalesced 16-byte stores. Padding rows and columns are written as zeros.
+__global__ void __launch_bounds__(256) rm_to_blocked_u8_kernel(const LayoutPlan p, int64_t row_blocks, int64_t slabs) {
+  __shared__ uint8_t tile[128][68];  // 68: rows land on different banks for the gathers below
+  const int64_t b = blockIdx.x, slab = b % slabs, rb = (b / slabs) % row_blocks, l = b / (slabs * row_blocks);
+  const int64_t R = p.from.rows, C = p.from.cols, cp4 = ceil_div(C, 4);
+  const uint8_t* in = static_cast<const uint8_t*>(p.in) + l * p.from.batch_stride;
+  const int64_t r0 = rb * 128, c0 = slab * 64;
+  for (int i = threadIdx.x; i < 128 * 64; i += 256) {
+    const int rr = i >> 6, cc = i & 63;
+    const int64_t r = r0 + rr, c = c0 + cc;
+    tile[rr][cc] = (r < R && c < C) ? in[r * C + c] : uint8_t(0);
+  }
+  __syncthreads();
+  const int64_t atoms = (cp4 - c0 / 4) < 16 ? (cp4 - c0 / 4) : 16;
+  uint8_t* out = static_cast<uint8_t*>(p.out) + l * p.to.batch_stride + (rb * cp4 + c0 / 4) * 512;
+  for (int q = threadIdx.x; q < atoms * 32; q += 256) {  // 16-byte chunk q: atom q/32, row (q%32) of its 32-row groups
+    const int a = q >> 5, k = q & 31;
+    uint32_t w[4];
+#pragma unroll
+    for (int g = 0; g < 4; ++g)  // bytes 4g..4g+3: row 32g + k, columns 4a..4a+3
+      w[g] = uint32_t(tile[32 * g + k][4 * a]) | (uint32_t(tile[32 * g + k][4 * a + 1]) << 8) |
+             (uint32_t(tile[32 * g + k][4 * a + 2]) << 16) | (uint32_t(tile[32 * g + k][4 * a + 3]) << 24);
+    reinterpret_cast<uint4*>(out)[q] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 }  // namespace
 
 int convert_layout(const LayoutPlan& p, void* stream) {
@@ -110,6 +139,16 @@ int convert_layout(const LayoutPlan& p, void* stream) {
   if (total == 0) return cudaSuccess;
   const size_t smem = dev::group_smem_bytes(p.from) + dev::group_smem_bytes(p.to);
   if (smem > 200 * 1024) return cudaErrorNotSupported;
+  if (p.elem_bytes == 1 && p.from.groups == 0 && p.to.groups == 0 &&
+      p.from.layout.kind == ScaleLayoutKind::kRowMajor && p.to.layout.kind == ScaleLayoutKind::kBlocked128x4 &&
+      reinterpret_cast<uintptr_t>(p.out) % 16 == 0) {
+    const int64_t row_blocks = ceil_div(p.from.rows, 128), slabs = ceil_div(round_up(p.from.cols, 4), 64);
+    const int64_t blocks = p.L * row_blocks * slabs;
+    if (blocks < (int64_t(1) << 31)) {
+      rm_to_blocked_u8_kernel<<<unsigned(blocks), 256, 0, s>>>(p, row_blocks, slabs);
+      return cudaGetLastError();
+    }
+  }
   if (p.elem_bytes == 1 && p.from.groups == 0 && p.to.groups == 0 && p.to.batch_stride % 4 == 0 &&
       total < (int64_t(1) << 31) && p.L * p.from.batch_stride < (int64_t(1) << 31) &&
       reinterpret_cast<uintptr_t>(p.out) % 4 == 0) {
