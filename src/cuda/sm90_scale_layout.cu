@@ -107,15 +107,29 @@ __global__ void __launch_bounds__(kThreads) convert_layout_u8x4_kernel(const Lay
 /// memory by coalesced row reads; its 16 output atoms (8 KiB, contiguous) are written with
 /// coalesced 16-byte stores. Padding rows and columns are written as zeros.
 __global__ void __launch_bounds__(256) rm_to_blocked_u8_kernel(const LayoutPlan p, int64_t row_blocks, int64_t slabs) {
-  __shared__ uint8_t tile[128][68];  // 68: rows land on different banks for the gathers below
+  __shared__ __align__(16) uint8_t tile[128][68];  // 68: rows land on different banks for the gathers below
   const int64_t b = blockIdx.x, slab = b % slabs, rb = (b / slabs) % row_blocks, l = b / (slabs * row_blocks);
   const int64_t R = p.from.rows, C = p.from.cols, cp4 = ceil_div(C, 4);
   const uint8_t* in = static_cast<const uint8_t*>(p.in) + l * p.from.batch_stride;
   const int64_t r0 = rb * 128, c0 = slab * 64;
-  for (int i = threadIdx.x; i < 128 * 64; i += 256) {
-    const int rr = i >> 6, cc = i & 63;
-    const int64_t r = r0 + rr, c = c0 + cc;
-    tile[rr][cc] = (r < R && c < C) ? in[r * C + c] : uint8_t(0);
+  if ((C & 15) == 0 && (reinterpret_cast<uintptr_t>(in) & 15) == 0) {
+    for (int i = threadIdx.x; i < 128 * 4; i += 256) {  // 16-byte pieces: row i/4, columns 16*(i%4)..
+      const int rr = i >> 2, cc = (i & 3) * 16;
+      const int64_t r = r0 + rr, c = c0 + cc;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < R && c < C) v = *reinterpret_cast<const uint4*>(in + r * C + c);
+      uint32_t* t = reinterpret_cast<uint32_t*>(&tile[rr][cc]);  // 68-byte rows: 4-byte aligned
+      t[0] = v.x;
+      t[1] = v.y;
+      t[2] = v.z;
+      t[3] = v.w;
+    }
+  } else {
+    for (int i = threadIdx.x; i < 128 * 64; i += 256) {
+      const int rr = i >> 6, cc = i & 63;
+      const int64_t r = r0 + rr, c = c0 + cc;
+      tile[rr][cc] = (r < R && c < C) ? in[r * C + c] : uint8_t(0);
+    }
   }
   __syncthreads();
   const int64_t atoms = (cp4 - c0 / 4) < 16 ? (cp4 - c0 / 4) : 16;

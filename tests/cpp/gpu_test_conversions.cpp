@@ -485,7 +485,7 @@ TEST(GpuConversions, ConvertScaleLayoutAllPairs) {
   for (int eb : {1, 4})
     for (const Lay& a : lays)
       for (const Lay& b : lays)
-        for (auto rc : {std::pair<int64_t, int64_t>{1, 7}, {130, 22}, {257, 8}, {37, 1}, {300, 150}}) {
+        for (auto rc : {std::pair<int64_t, int64_t>{1, 7}, {130, 22}, {257, 8}, {37, 1}, {300, 150}, {200, 160}}) {
           const bool ga = a.l.group_pad != GroupPad::kNone, gb = b.l.group_pad != GroupPad::kNone;
           const int64_t R = rc.first, C = rc.second;
           const int64_t L = (ga || gb) ? 1 : 2;
