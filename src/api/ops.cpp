@@ -315,13 +315,15 @@ void tensor_amax(const TensorView& x, const TensorView& out, Stream stream) {
 }
 
 namespace {
-KCachePlan kcache_plan(Checker& c, const TensorView& k, const TensorView& codes, const TensorView& scale,
-                       const TensorView& residual, bool residual_required, NibbleOrder order) {
-  c.present(k, "k");
-  c.dtype(k, "k", {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
-  if (k.ndim != 4) c.fail("k", "expected [B, T, H, D], got " + k.describe());
+/// `k` is the float tensor: the input of nf4_kcache_quantize ("k"), the output of
+/// nf4_kcache_dequantize ("out"); k_arg is the name errors give it.
+KCachePlan kcache_plan(Checker& c, const TensorView& k, const char* k_arg, const TensorView& codes,
+                       const TensorView& scale, const TensorView& residual, bool residual_required, NibbleOrder order) {
+  c.present(k, k_arg);
+  c.dtype(k, k_arg, {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
+  if (k.ndim != 4) c.fail(k_arg, "expected [B, T, H, D], got " + k.describe());
   const int64_t B = k.shape[0], T = k.shape[1], H = k.shape[2], D = k.shape[3];
-  if (D % 2 != 0) c.fail("k", "head dim D = " + std::to_string(D) + " must be even (two NF4 codes per byte)");
+  if (D % 2 != 0) c.fail(k_arg, "head dim D = " + std::to_string(D) + " must be even (two NF4 codes per byte)");
   c.present(codes, "codes");
   c.dtype(codes, "codes", {DType::kUInt8});
   c.shape(codes, "codes", {B, T, H, D / 2});
@@ -355,7 +357,7 @@ KCachePlan kcache_plan(Checker& c, const TensorView& k, const TensorView& codes,
 void nf4_kcache_quantize(const TensorView& k, const TensorView& codes, const TensorView& scale, const TensorView& residual,
                          NibbleOrder order, Stream stream) {
   Checker c{"nf4_kcache_quantize"};
-  KCachePlan p = kcache_plan(c, k, codes, scale, residual, true, order);
+  KCachePlan p = kcache_plan(c, k, "k", codes, scale, residual, true, order);
   c.no_overlap({{"codes", &codes}, {"scale", &scale}, {"residual", &residual}}, {{"k", &k}});
   dispatch(c, p, &ref::kcache_quantize, &LOWBIT_GPU(kcache_quantize), stream);
 }
@@ -363,7 +365,7 @@ void nf4_kcache_quantize(const TensorView& k, const TensorView& codes, const Ten
 void nf4_kcache_dequantize(const TensorView& codes, const TensorView& scale, const TensorView& residual,
                            const TensorView& out, NibbleOrder order, Stream stream) {
   Checker c{"nf4_kcache_dequantize"};
-  KCachePlan p = kcache_plan(c, out, codes, scale, residual, false, order);
+  KCachePlan p = kcache_plan(c, out, "out", codes, scale, residual, false, order);
   c.no_overlap({{"out", &out}}, {{"codes", &codes}, {"scale", &scale}, {"residual", &residual}});
   dispatch(c, p, &ref::kcache_dequantize, &LOWBIT_GPU(kcache_dequantize), stream);
 }

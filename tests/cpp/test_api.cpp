@@ -309,6 +309,11 @@ TEST(Api, OtherOps) {
     nf4_kcache_quantize(TensorView(k2.data(), DType::kFloat32, {2, 3, 1, 4}), TensorView(b.q.data(), DType::kUInt8, {2, 3, 1, 2}),
                         TensorView(b.out.data(), DType::kFloat32, {2, 1, 4}), TensorView());
   }, "residual", b, "required");
+  // K cache dequantize: errors about the float output name 'out', not 'k'
+  expect_arg_error([&] {
+    nf4_kcache_dequantize(TensorView(b.q.data(), DType::kUInt8, {2, 3, 1, 2}), TensorView(b.x.data(), DType::kFloat32, {2, 1, 4}),
+                          TensorView(), TensorView(b.out.data(), DType::kInt8, {2, 3, 1, 4}));
+  }, "out", b, "dtype");
 }
 
 TEST(Api, DeviceChecks) {

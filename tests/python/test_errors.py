@@ -45,6 +45,8 @@ X = np.ones((4, 64), np.float32)
     (lambda: lowbit.nf4_kcache_quantize(np.ones((2, 3, 4, 5), np.float32)), "k"),
     (lambda: lowbit.nf4_kcache_quantize(np.ones((2, 3, 4), np.float32)), "k"),
     (lambda: lowbit.nf4_kcache_quantize(np.ones((1, 2, 1, 4), np.float32), "int8"), "residual"),
+    (lambda: lowbit.nf4_kcache_dequantize(np.zeros((1, 2, 1, 2), np.uint8), np.ones((1, 1, 4), np.float32),
+                                          out_dtype="int8"), "out"),
     (lambda: lowbit.per_token_group_quant(X, 48), "x"),
     (lambda: lowbit.per_token_group_quant(X, 32, "float16"), "dtype"),
     (lambda: lowbit.mxfp8_quantize(X, dtype="int8"), "dtype"),
