@@ -252,7 +252,8 @@ void convert_scale_layout(const TensorView& in, const ScaleLayout& from, const T
   Checker c{"convert_scale_layout"};
   check_layout(c, from);
   check_layout(c, to);
-  if (R < 0 || C < 0) c.fail("R", "R and C must be >= 0");
+  if (R <= 0) c.fail("R", "the number of rows must be positive, got " + std::to_string(R));
+  if (C <= 0) c.fail("C", "the number of columns must be positive, got " + std::to_string(C));
   c.present(in, "in");
   c.present(out, "out");
   if (dtype_bytes(in.dtype) != 1 && dtype_bytes(in.dtype) != 4) c.fail("in", "expected 1- or 4-byte scale elements");
@@ -261,7 +262,6 @@ void convert_scale_layout(const TensorView& in, const ScaleLayout& from, const T
   p.in = in.data;
   p.out = out.data;
   p.elem_bytes = dtype_bytes(in.dtype);
-  if (R == 0 || C == 0) c.fail("R", "R and C must be positive");
   if (from.group_pad != GroupPad::kNone && to.group_pad != GroupPad::kNone) {
     p.L = 1;  // grouped -> grouped (e.g. FlashInfer padding -> cumsum padding): one matrix
   } else {

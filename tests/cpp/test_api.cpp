@@ -292,6 +292,15 @@ TEST(Api, OtherOps) {
     convert_scale_layout(TensorView(in.data(), DType::kUE8M0, {8}), ScaleLayout::row_major(), TensorView(b.s.data(), DType::kUE8M0, {8}),
                          ScaleLayout::blocked128x4(), 4, 2);
   }, "out", b);
+  // convert_scale_layout: the non-positive size is named
+  expect_arg_error([&] {
+    convert_scale_layout(TensorView(in.data(), DType::kUE8M0, {8}), ScaleLayout::row_major(), TensorView(b.s.data(), DType::kUE8M0, {8}),
+                         ScaleLayout::row_major(), 4, 0);
+  }, "C", b, "positive");
+  expect_arg_error([&] {
+    convert_scale_layout(TensorView(in.data(), DType::kUE8M0, {8}), ScaleLayout::row_major(), TensorView(b.s.data(), DType::kUE8M0, {8}),
+                         ScaleLayout::row_major(), -1, 2);
+  }, "R", b, "positive");
   // tensor_amax: out of two elements
   expect_arg_error([&] { tensor_amax(b.xv(), TensorView(b.out.data(), DType::kFloat32, {2})); }, "out", b);
   // K cache: odd D, wrong codes shape
