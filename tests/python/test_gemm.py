@@ -162,9 +162,15 @@ def test_dual_gemm_cuda_prepacked_matches_one_call():
 
     M, N, K = 16, 384, 512
     a, b1, b2, sfa, sfb1, sfb2 = (x[:, :, 0] for x in _gpumode_inputs(M, N, K, 1, seed=9))
+    ref = lowbit.nvfp4_dual_gemm_silu(a, b1, b2, sfa, sfb1, sfb2).astype(np.float64)
     t = [torch.from_numpy(np.ascontiguousarray(x).view(np.uint8)).cuda() for x in (a, b1, b2, sfa, sfb1, sfb2)]
-    c1 = lowbit.nvfp4_dual_gemm_silu(*t)
+    # outputs poisoned with NaN: a kernel that writes nothing cannot pass
+    c1 = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+    c2 = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+    lowbit.nvfp4_dual_gemm_silu(*t, out=c1)
     packed = lowbit.nvfp4_dual_gemm_prepack(t[1], t[2], t[4], t[5])
-    c2 = lowbit.nvfp4_dual_gemm_silu(t[0], sfa=t[3], packed_b=packed, n=N)
+    lowbit.nvfp4_dual_gemm_silu(t[0], sfa=t[3], packed_b=packed, out=c2)
     torch.cuda.synchronize()
+    ok = _gpumode_ok(c1.float().cpu().numpy(), ref)
+    assert ok.all(), f"{(~ok).sum()} of {ok.size} elements outside the GPU MODE rule"
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
