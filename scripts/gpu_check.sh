@@ -4,12 +4,12 @@
 #   bash scripts/gpu_check.sh                      # build, C++ + Python tests, bench_conversions
 #   bash scripts/gpu_check.sh --tests-only         # build + ctest + pytest
 #   bash scripts/gpu_check.sh --bench-only         # (incremental) pip install + benchmarks
-#   bash scripts/gpu_check.sh --bench gemm         # only bench/bench_gemm.py (repeatable)
+#   bash scripts/gpu_check.sh --bench dual_gemm    # only bench/bench_dual_gemm.py (repeatable)
 #   bash scripts/gpu_check.sh bench/bench_x.py     # bench_conversions and bench_x
 #   bash scripts/gpu_check.sh --bench-only -- --ops mxfp8 --shapes 16384x7168   # args for every bench
 #
 # Steps (each logged under $OUT/logs, default OUT=./out; JSON reports in $OUT):
-#   1. pip install --no-build-isolation -v . -Cbuild-dir=build-gpu-py   (the Python package with
+#   1. pip install --no-build-isolation --no-deps -v . -Cbuild-dir=build-gpu-py   (the Python package with
 #      the sm_90a kernels; CUTLASS headers from .deps/cutlass, see scripts/fetch_cutlass.sh, which
 #      must be run on the developer machine and the folder carried along: nothing can be
 #      downloaded on the GPU machine)

@@ -79,7 +79,7 @@ void tensor_amax(const TensorView& x, const TensorView& out, Stream stream = {})
 
 // ---------------------------------------------------------------------------------------------
 // NF4 K cache with FP8 residual (decode attention over a quantized K cache).
-//   k        [B, T, H, D] float32 / float16 / bfloat16 (any strides, last dim contiguous), D even
+//   k        [B, T, H, D] float32 / float16 / bfloat16 (any strides), D even
 //   codes    [B, T, H, D/2] uint8, NF4 codes along D (nibble order as given)
 //   scale    [B, H, D] float32: max(|min|, |max|) over T per (batch, head, channel)
 //   residual [B, T, H, D] float8_e5m2 (or e4m3): k - nf4[code] * scale, rounded RNE satfinite

@@ -304,7 +304,7 @@ class TensorReport:
     name: str
     shape: Tuple[int, ...]
     dtype: str
-    action: str                    # "quantized" | "copied" | "converted"
+    action: str                    # "quantized" | "copied" | "converted" | "dequantized"
     reason: str = ""
     fmt: str = ""
     bytes_before: int = 0
