@@ -3,8 +3,9 @@
 // Every function validates every argument (dtype, shape, strides, device, overlap of outputs
 // with inputs) and throws ArgumentError naming the argument and what was expected before it
 // touches any output. Tensors on Device::kCPU run the CPU reference (src/ref); tensors on
-// Device::kCUDA run the sm_90a kernels (src/cuda) on `stream`, or throw NotSupportedError in
-// a build without CUDA. All tensors of one call live on one device.
+// Device::kCUDA run the sm_90a kernels (src/cuda) on `stream` with the tensors' device made
+// current for the call, or throw NotSupportedError in a build without CUDA. All tensors of one
+// call live on one device.
 //
 // Shapes (L is an optional batch dimension, absent for 2-D inputs):
 //   x        [L?, M, K]   float32 / float16 / bfloat16, last dim contiguous, other strides free
@@ -40,7 +41,10 @@ struct QuantArgs {
   TensorView zeros;        ///< UINT4 zero points (required for int4 with zero point)
   TensorView global_amax;  ///< NVFP4: float32 [1]; absent = no per-tensor scale (S_enc = 1)
   bool compute_global_amax = false;  ///< NVFP4 quantize: write amax(|x|) into global_amax first
-  TensorView m_indptr;     ///< grouped layouts: int32/int64 [G+1] row boundaries (L must be 1)
+  /// grouped layouts: int32/int64 [G+1] row boundaries (L must be 1). Host boundaries are
+  /// validated (start at 0, non-decreasing, end at M); device-resident ones are trusted, since
+  /// reading them would synchronize: wrong device boundaries can address outside `scales`.
+  TensorView m_indptr;
 };
 
 /// Shape of the scale tensor that quantize expects for a [L, M, K] input (L = 1 for 2-D):

@@ -48,6 +48,12 @@ const float* amax_arg(Checker& c, const TensorView& t, const char* arg) {
   return t.ptr<float>();
 }
 
+void check_dual_sf_layout(const Checker& c, const ScaleLayout& l) {
+  if (l.kind != ScaleLayoutKind::kRowMajor && l.kind != ScaleLayoutKind::kBlocked128x4)
+    c.fail("sf_layout", "expected row_major (GPU MODE reference [MN, K/16, L]) or blocked128x4 (permuted [32,4,MN/128,4,K/64,L])");
+  if (l.group_pad != GroupPad::kNone) c.fail("sf_layout", "grouped padding does not apply to a dense GEMM");
+}
+
 /// Checks the weight side (b1, b2, sfb1, sfb2, amax_b*) of a dual GEMM and fills p (N, K, L).
 void plan_dual_weights(Checker& c, const DualGemmArgs& x, DualGemmPlan* p) {
   const Operand b1 = fp4_operand(c, x.b1, "b1");
@@ -57,9 +63,7 @@ void plan_dual_weights(Checker& c, const DualGemmArgs& x, DualGemmPlan* p) {
   if (K % 64 != 0 || K == 0) c.fail("b1", "K = " + std::to_string(K) + " must be a positive multiple of 64");
   if (x.b1.ndim != x.b2.ndim || b2.R != N || b2.Kb != b1.Kb || b2.L != L)
     c.fail("b2", "expected the shape of b1 (" + x.b1.describe() + "), got " + x.b2.describe());
-  if (x.sf_layout.kind != ScaleLayoutKind::kRowMajor && x.sf_layout.kind != ScaleLayoutKind::kBlocked128x4)
-    c.fail("sf_layout", "expected row_major (GPU MODE reference [MN, K/16, L]) or blocked128x4 (permuted [32,4,MN/128,4,K/64,L])");
-  if (x.sf_layout.group_pad != GroupPad::kNone) c.fail("sf_layout", "grouped padding does not apply to a dense GEMM");
+  check_dual_sf_layout(c, x.sf_layout);
   e4m3_scales(c, x.sfb1, "sfb1");
   e4m3_scales(c, x.sfb2, "sfb2");
   p->N = N;
@@ -93,6 +97,10 @@ void nvfp4_dual_gemm_prepack(const DualGemmArgs& x, const TensorView& packed, St
   c.no_overlap({{"packed", &packed}}, {{"b1", &x.b1}, {"b2", &x.b2}, {"sfb1", &x.sfb1}, {"sfb2", &x.sfb2}});
   if (c.dev != Device::kCUDA) c.fail("packed", "prepacking produces the CUDA kernel's layout: pass CUDA tensors");
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+  const cuda::DeviceGuard guard(c.dev_id);  // the tensors' device, whatever the caller's current one
+  if (guard.error() != 0)
+    throw CudaError(std::string(c.op) + ": cannot make cuda:" + std::to_string(c.dev_id) + " current: " +
+                    cuda::error_string(guard.error()));
   const int err = cuda::nvfp4_dual_gemm_prepack(p, packed.ptr<uint8_t>(), stream.handle);
   if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
 #else
@@ -122,6 +130,7 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
     c.present(x.packed_b, "packed_b");
     c.dtype(x.packed_b, "packed_b", {DType::kUInt8});
     c.dense(x.packed_b, "packed_b", nvfp4_dual_gemm_packed_bytes(p.N, K, L));
+    check_dual_sf_layout(c, x.sf_layout);
   } else {
     plan_dual_weights(c, x, &p);
     if (x.a.ndim != x.b1.ndim) c.fail("b1", "a, b1 and b2 must all be 2-D or all 3-D");
@@ -157,6 +166,10 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
     return;
   }
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+  const cuda::DeviceGuard guard(c.dev_id);  // the tensors' device, whatever the caller's current one
+  if (guard.error() != 0)
+    throw CudaError(std::string(c.op) + ": cannot make cuda:" + std::to_string(c.dev_id) + " current: " +
+                    cuda::error_string(guard.error()));
   const int err = cuda::nvfp4_dual_gemm(p, prepacked ? x.packed_b.ptr<uint8_t>() : nullptr, stream.handle);
   if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
 #else
@@ -294,7 +307,8 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   c.dtype(x.out, "out", {DType::kBFloat16, DType::kFloat32});
   c.shape(x.out, "out", {T, H});
   c.last_contiguous(x.out, "out");
-  if (!(x.limit > 0.0f) || !std::isfinite(x.alpha)) c.fail("limit", "expected limit > 0 and a finite alpha");
+  if (!(x.limit > 0.0f)) c.fail("limit", "expected limit > 0, got " + std::to_string(x.limit));
+  if (!std::isfinite(x.alpha)) c.fail("alpha", "expected a finite alpha, got " + std::to_string(x.alpha));
   if (x.topk_ids.device == Device::kCPU) {
     const int32_t* ids = x.topk_ids.ptr<int32_t>();
     for (int64_t t = 0; t < T; ++t)

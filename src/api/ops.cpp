@@ -26,6 +26,10 @@ void dispatch(const Checker& c, const Plan& p, void (*cpu)(const Plan&), int (*g
     return;
   }
 #if LOWBIT_WITH_CUDA
+  const cuda::DeviceGuard guard(c.dev_id);  // the tensors' device, whatever the caller's current one
+  if (guard.error() != 0)
+    throw CudaError(std::string(c.op) + ": cannot make cuda:" + std::to_string(c.dev_id) + " current: " +
+                    cuda::error_string(guard.error()));
   const int err = gpu(p, s.handle);
   if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
 #else
@@ -306,6 +310,10 @@ void tensor_amax(const TensorView& x, const TensorView& out, Stream stream) {
     return;
   }
 #if LOWBIT_WITH_CUDA
+  const cuda::DeviceGuard guard(c.dev_id);
+  if (guard.error() != 0)
+    throw CudaError(std::string("tensor_amax: cannot make cuda:") + std::to_string(c.dev_id) + " current: " +
+                    cuda::error_string(guard.error()));
   const int err = cuda::tensor_amax(x.data, x.dtype, m.L, m.M, m.K, m.sL, m.sM, out.ptr<float>(), stream.handle);
   if (err != 0) throw CudaError(std::string("tensor_amax: CUDA error: ") + cuda::error_string(err));
 #else

@@ -17,6 +17,31 @@ int device_sm(int device);
 const char* error_string(int err);
 /// The device a pointer lives on, or -1 when it is not device memory.
 int pointer_device(const void* p);
+/// The calling thread's current device (-1 on error), and cudaSetDevice (returns the error).
+int current_device();
+int set_device(int device);
+
+/// Makes `device` current for the lifetime of the guard (the previous device is restored).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : prev_(current_device()) {
+    if (prev_ != device) {
+      err_ = set_device(device);
+      switched_ = err_ == 0 && prev_ >= 0;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) set_device(prev_);
+  }
+  int error() const { return err_; }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_;
+  int err_ = 0;
+  bool switched_ = false;
+};
 
 int quantize(const detail::QuantPlan& p, void* stream);
 int dequantize(const detail::DequantPlan& p, void* stream);

@@ -62,21 +62,31 @@ int pointer_device(const void* p) {
 
 const DeviceInfo& current_device_info() {
   static DeviceInfo infos[64];
-  static bool have[64] = {};
+  static std::once_flag once[64];
   int d = 0;
   if (cudaGetDevice(&d) != cudaSuccess) {
     cudaGetLastError();
     d = 0;
   }
   if (d < 0 || d >= 64) d = 0;
-  if (!have[d]) {
+  std::call_once(once[d], [d] {
     int sms = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) == cudaSuccess && sms > 0) infos[d].sms = sms;
     else cudaGetLastError();
-    have[d] = true;
-  }
+  });
   return infos[d];
 }
+
+int current_device() {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
+
+int set_device(int device) { return int(cudaSetDevice(device)); }
 
 int occupancy(const void* kernel, int threads) {
   static std::mutex mu;

@@ -20,11 +20,16 @@ cudaError_t workspace_pool(cudaMemPool_t* pool) {
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = dev;
-    e = cudaMemPoolCreate(&pools[dev], &props);
+    cudaMemPool_t created = nullptr;
+    e = cudaMemPoolCreate(&created, &props);
     if (e != cudaSuccess) return e;
     uint64_t threshold = UINT64_MAX;
-    e = cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &threshold);
-    if (e != cudaSuccess) return e;
+    e = cudaMemPoolSetAttribute(created, cudaMemPoolAttrReleaseThreshold, &threshold);
+    if (e != cudaSuccess) {  // cache only a fully configured pool
+      cudaMemPoolDestroy(created);
+      return e;
+    }
+    pools[dev] = created;
   }
   *pool = pools[dev];
   return cudaSuccess;
