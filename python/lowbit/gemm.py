@@ -43,6 +43,19 @@ def _cb(x, op, arg):
     return c_export(_bytes(x, op, arg))
 
 
+def _writable(out, op, arg="out"):
+    """`out` as given, after checking that it may be written (a read-only NumPy array is refused)."""
+    if out is not None and not is_torch(out) and isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise ValueError(f"{op}: argument '{arg}': is read-only")
+    return out
+
+
+def _required(x, op, arg):
+    if x is None:
+        raise ValueError(f"{op}: argument '{arg}': is required")
+    return x
+
+
 def _f32(x, be: Backend, op, arg):
     if x is None:
         return None
@@ -70,7 +83,8 @@ def nvfp4_dual_gemm_silu(a, b1=None, b2=None, sfa=None, sfb1=None, sfb2=None, *,
     Returns C ([M, N, L] view of (L, M, N) storage for 3-D inputs, else [M, N]).
     """
     op = "nvfp4_dual_gemm_silu"
-    a = _bytes(a, op, "a")
+    a = _bytes(_required(a, op, "a"), op, "a")
+    _writable(out, op)
     if a.ndim not in (2, 3):
         raise ValueError(f"{op}: argument 'a': expected [M, K/2, L] or [M, K/2], got shape {tuple(a.shape)}")
     for arg, v in (("b1", b1), ("b2", b2), ("sfa", sfa), ("sfb1", sfb1), ("sfb2", sfb2), ("out", out)):
@@ -139,6 +153,9 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="b
     ("blocked128x4" per expert or "row_major"). Values are code * 2^(scale - 127); fp32 sums.
     K % 32 == 0, N % 8 == 0; empty groups allowed."""
     op = "group_gemm_mxfp4_nt_groupwise"
+    for arg, v in (("a", a), ("b", b), ("b_scale", b_scale), ("m_indptr", m_indptr)):
+        _required(v, op, arg)
+    _writable(out, op)
     a = as_array(a, op, "a", float_default=False)
     be = Backend(a)
     aname = dtype_name(a.dtype, op, "a")
@@ -165,6 +182,7 @@ def gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b
     W1 [E, 2I, H/2] / W2 [E, H, I/2] MXFP4 codes with UE8M0 scales [E, 2I, H/32] / [E, H, I/32]
     (``lowbit convert-gpt-oss``); act "bf16" (W4A16) or "mxfp8" (activations quantized, RCEIL)."""
     op = "gpt_oss_moe_mlp"
+    _writable(out, op)
     x = as_array(x, op, "x")
     be = Backend(x)
     xv, xdt = c_view(x, op, "x")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Optional, Sequence, Tuple
 
+import numpy as np
+
 from . import _C
 from ._arrays import Backend, as_array, array_dtype_name, c_export, c_view, dtype_name, is_torch, same_backend
 from ._formats import GROUP_PADS, LAYOUTS, Format, Quantized, group_pad_kind, layout_kind
@@ -199,7 +201,8 @@ def dequantize(qt: Quantized, out_dtype="float32") -> object:
     with be.guard():
         _C.dequantize(qv, qdt, sv, sdt, ov, odt, *f.c_args(), kind, int(qt.row_align), pad,
                       None if qt.zeros is None else c_view(qt.zeros, op, "zeros")[0],
-                      None if qt.global_amax is None else c_view(qt.global_amax, op, "global_amax")[0],
+                      None if qt.global_amax is None
+                      else c_view(be.adopt(qt.global_amax, op, "global_amax", "float32"), op, "global_amax")[0],
                       None if qt.m_indptr is None else c_view(qt.m_indptr, op, "m_indptr")[0],
                       be.stream())
     return out
@@ -474,6 +477,8 @@ _PTG_FORMATS: dict = {}
 def _ptg_format(name: str, group_size, scale_ue8m0, eps) -> Format:
     """The Format of per_token_group_quant, looked up by (name, int(group_size), bool(scale_ue8m0),
     float(eps)) once Format accepted them."""
+    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+        raise ValueError(f"per_token_group_quant: argument 'group_size': expected an integer, got {group_size!r}")
     try:
         key = (name, int(group_size), bool(scale_ue8m0), float(eps))
         return _PTG_FORMATS[key]

@@ -80,3 +80,17 @@ def test_wrong_library_mix():
     bad = lowbit.Quantized(qt.data, torch.from_numpy(qt.scales.view(np.uint8)), format="mxfp4")
     with pytest.raises(ValueError, match="argument 'scales'"):
         lowbit.dequantize(bad)
+
+
+def test_per_token_group_quant_refuses_fractional_group_size():
+    x = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)
+    with pytest.raises(ValueError, match="argument 'group_size'"):
+        lowbit.per_token_group_quant(x, group_size=128.9)
+
+
+def test_dequantize_accepts_a_float_global_amax():
+    x = np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)
+    qt = lowbit.quantize(x, "nvfp4", global_amax=float(np.abs(x).max()))
+    qt_float = lowbit.Quantized(qt.data, qt.scales, None, float(np.abs(x).max()), format=qt.format,
+                                layout=qt.layout, shape=qt.shape)
+    np.testing.assert_array_equal(lowbit.dequantize(qt), lowbit.dequantize(qt_float))

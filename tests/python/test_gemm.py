@@ -174,3 +174,19 @@ def test_dual_gemm_cuda_prepacked_matches_one_call():
     ok = _gpumode_ok(c1.float().cpu().numpy(), ref)
     assert ok.all(), f"{(~ok).sum()} of {ok.size} elements outside the GPU MODE rule"
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+
+
+def test_gemm_argument_errors_name_the_argument():
+    a, b1, b2, sfa, sfb1, sfb2 = (x[:, :, 0] for x in _gpumode_inputs(16, 128, 64, 1, seed=2))
+    out = np.zeros((16, 128), dtype=np.float16)
+    out.setflags(write=False)
+    with pytest.raises(ValueError, match="argument 'out': is read-only"):
+        lowbit.nvfp4_dual_gemm_silu(a, b1, b2, sfa, sfb1, sfb2, out=out)
+    with pytest.raises(ValueError, match="argument 'b': is required"):
+        lowbit.group_gemm_mxfp4_nt_groupwise(np.zeros((4, 64), np.uint8), None, None, None, [0, 4])
+    w = np.zeros((1, 64, 16), np.uint8)
+    with pytest.raises(ValueError, match="argument 'alpha'"):
+        lowbit.gpt_oss_moe_mlp(np.zeros((1, 32), np.float32), np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32),
+                               np.zeros((1, 64, 16), np.uint8), np.full((1, 64, 1), 127, np.uint8),
+                               np.zeros((1, 64), np.float32), w[:, :32, :16], np.full((1, 32, 1), 127, np.uint8),
+                               np.zeros((1, 32), np.float32), alpha=float("nan"))
