@@ -11,15 +11,10 @@ import numpy as np
 
 from . import _C
 from ._arrays import _T_EXPORT, Backend, _torch, as_array, c_export, c_view, dtype_name, is_torch, same_backend
+from ._formats import GROUP_PADS as _PADS, LAYOUTS, _choice
 
-_KINDS = {"row_major": _C.ScaleLayoutKind.row_major, "blocked128x4": _C.ScaleLayoutKind.blocked128x4}
-_PADS = {"flashinfer": _C.GroupPad.flashinfer, "cumsum": _C.GroupPad.cumsum}
-
-
-def _choice(value, table, arg, op):
-    if value not in table:
-        raise ValueError(f"{op}: argument '{arg}': expected one of {sorted(table)}, got {value!r}")
-    return table[value]
+# the GEMMs take two of the scale layouts
+_KINDS = {k: LAYOUTS[k] for k in ("row_major", "blocked128x4")}
 
 
 def _bytes(x, op, arg):

@@ -453,14 +453,7 @@ def per_token_group_quant(x, group_size: int = 128, dtype="float8_e4m3fn", scale
     Scales: [.., M, K/G] row-major, or with ``column_major_scales`` a [.., M, K/G] view of
     column-major storage [.., K/G, Mp] (strides (1, Mp); Mp = M, or with ``tma_aligned`` M rounded
     up to 16 bytes: 4 fp32 / 16 UE8M0 scales)."""
-    op = "per_token_group_quant"
-    if isinstance(dtype, str) and dtype == "int4":
-        name = "int4"
-    else:
-        name = _PTG_NAMES.get(dtype_name(dtype, op))
-        if name is None:
-            raise ValueError(f"{op}: argument 'dtype': expected float8_e4m3fn, float8_e5m2 or 'int4', got {dtype!r}")
-    f = _ptg_format(name, group_size, scale_ue8m0, eps)
+    f = ptg_format(dtype, group_size, scale_ue8m0, eps)
     x = as_array(x, "quantize", "x")
     if not column_major_scales:
         q, scales, _, _, _ = _quantize(x, f, "row_major")
@@ -472,6 +465,18 @@ def per_token_group_quant(x, group_size: int = 128, dtype="float8_e4m3fn", scale
 
 
 _PTG_FORMATS: dict = {}
+
+
+def ptg_format(dtype, group_size, scale_ue8m0, eps) -> Format:
+    """The Format of per_token_group_quant (also used by the torch custom op's fake)."""
+    op = "per_token_group_quant"
+    if isinstance(dtype, str) and dtype == "int4":
+        name = "int4"
+    else:
+        name = _PTG_NAMES.get(dtype_name(dtype, op))
+        if name is None:
+            raise ValueError(f"{op}: argument 'dtype': expected float8_e4m3fn, float8_e5m2 or 'int4', got {dtype!r}")
+    return _ptg_format(name, group_size, scale_ue8m0, eps)
 
 
 def _ptg_format(name: str, group_size, scale_ue8m0, eps) -> Format:

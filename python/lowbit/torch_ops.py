@@ -143,26 +143,17 @@ def _(x, global_amax=None, swizzled=False):
     return _fake_quant(x, Format("nvfp4"), "blocked128x4" if swizzled else "row_major")
 
 
-def _ptg_format(group_size: int, dtype: str, scale_ue8m0: bool, eps: float) -> Format:
-    name = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "int4": "int4"}.get(dtype)
-    if name is None:
-        raise ValueError(f"per_token_group_quant: argument 'dtype': expected float8_e4m3fn, float8_e5m2 or int4, "
-                         f"got {dtype!r}")
-    return Format.of(name, block=group_size, scale_dtype="ue8m0" if scale_ue8m0 else "float32", eps=eps)
-
-
 @torch.library.custom_op("lowbit::per_token_group_quant", mutates_args=())
 def per_token_group_quant(x: Tensor, group_size: int = 128, dtype: str = "float8_e4m3fn", scale_ue8m0: bool = False,
                           column_major_scales: bool = False, tma_aligned: bool = False,
                           eps: float = 1e-10) -> Tuple[Tensor, Tensor]:
-    _ptg_format(group_size, dtype, scale_ue8m0, eps)
     return _ops.per_token_group_quant(x, group_size, dtype, scale_ue8m0, column_major_scales, tma_aligned, eps)
 
 
 @per_token_group_quant.register_fake
 def _(x, group_size=128, dtype="float8_e4m3fn", scale_ue8m0=False, column_major_scales=False, tma_aligned=False,
       eps=1e-10):
-    f = _ptg_format(group_size, dtype, scale_ue8m0, eps)
+    f = _ops.ptg_format(dtype, group_size, scale_ue8m0, eps)
     if not column_major_scales:
         return _fake_quant(x, f, "row_major")
     row_align = (16 // (1 if scale_ue8m0 else 4)) if tma_aligned else 1
