@@ -7,17 +7,9 @@
 #include <vector>
 
 #include "lowbit/gemm.hpp"
+#include "ref_formats.hpp"
 
 using namespace lowbit;
-
-namespace {
-std::vector<float> randn(int64_t n, std::mt19937& rng, float scale) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-}  // namespace
 
 class GroupGemmRef : public ::testing::TestWithParam<std::tuple<std::vector<int>, int, int, bool, bool>> {};
 
@@ -27,9 +19,9 @@ TEST_P(GroupGemmRef, MatchesDequantizeThenMatmul) {
   std::vector<int32_t> ind(size_t(G + 1), 0);
   for (int64_t g = 0; g < G; ++g) ind[size_t(g + 1)] = ind[size_t(g)] + sizes[size_t(g)];
   const int64_t M = ind[size_t(G)];
-  std::mt19937 rng(7u + unsigned(M) + unsigned(N) + unsigned(K));
-  const auto xa = randn(M * K, rng, 1.0f);
-  const auto xb = randn(G * N * K, rng, 1.0f / std::sqrt(float(K)));
+  const uint64_t seed = 7u + uint64_t(M) + uint64_t(N) + uint64_t(K);
+  const auto xa = reftest::randn(size_t(M * K), seed, 1.0f);
+  const auto xb = reftest::randn(size_t(G * N * K), seed + 1, 1.0f / std::sqrt(float(K)));
   const TensorView indv(ind.data(), DType::kInt32, {G + 1});
 
   // B: MXFP4 (FLOOR, as FlashInfer's test), per-expert scales

@@ -7,16 +7,11 @@
 #include <vector>
 
 #include "lowbit/gemm.hpp"
+#include "ref_formats.hpp"
 
 using namespace lowbit;
 
 namespace {
-std::vector<float> randn(int64_t n, std::mt19937& rng, float s) {
-  std::normal_distribution<float> d(0.0f, s);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 /// act() of the MLP through the public quantize/dequantize API.
 void act_round(std::vector<float>& v, bool mxfp8) {
   const int64_t n = int64_t(v.size());
@@ -37,9 +32,9 @@ class MoeMlpRef : public ::testing::TestWithParam<bool> {};
 TEST_P(MoeMlpRef, MatchesIndependentFormulation) {
   const bool mxfp8 = GetParam();
   const int64_t T = 5, H = 64, I = 96, E = 4, k = 2;
-  std::mt19937 rng(11);
-  auto w1f = randn(E * 2 * I * H, rng, 0.3f), w2f = randn(E * H * I, rng, 0.3f);
-  auto b1 = randn(E * 2 * I, rng, 0.5f), b2 = randn(E * H, rng, 0.5f), x = randn(T * H, rng, 1.0f);
+  auto w1f = reftest::randn(size_t(E * 2 * I * H), 11, 0.3f), w2f = reftest::randn(size_t(E * H * I), 12, 0.3f);
+  auto b1 = reftest::randn(size_t(E * 2 * I), 13, 0.5f), b2 = reftest::randn(size_t(E * H), 14, 0.5f);
+  auto x = reftest::randn(size_t(T * H), 15, 1.0f);
   std::vector<uint8_t> w1(size_t(E * 2 * I * H / 2)), w1s(size_t(E * 2 * I * H / 32)), w2(size_t(E * H * I / 2)),
       w2s(size_t(E * H * I / 32));
   quantize(TensorView(w1f.data(), DType::kFloat32, {E, 2 * I, H}), BlockFormat::mxfp4(), ScaleLayout::row_major(),
