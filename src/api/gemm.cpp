@@ -1,5 +1,7 @@
 // src/api/gemm.cpp: validation and dispatch of the GEMM ops (lowbit/gemm.hpp).
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 
 #include "api/check.hpp"
 #include "lowbit/gemm.hpp"
@@ -13,6 +15,25 @@ namespace lowbit {
 using namespace detail;
 
 namespace {
+
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+/// Runs a CUDA launcher (returns a cudaError_t as int) with the tensors' device current.
+template <typename F>
+void run_on_device(const Checker& c, F&& launch) {
+  const cuda::DeviceGuard guard(c.dev_id);  // the tensors' device, whatever the caller's current one
+  if (guard.error() != 0)
+    throw CudaError(std::string(c.op) + ": cannot make cuda:" + std::to_string(c.dev_id) + " current: " +
+                    cuda::error_string(guard.error()));
+  const int err = launch();
+  if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
+}
+/// The CUDA kernels read weight rows with 16-byte copies.
+void require_aligned16(const Checker& c, const TensorView& t, const char* arg, std::initializer_list<int64_t> byte_strides) {
+  bool ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  for (int64_t s : byte_strides) ok = ok && s % 16 == 0;
+  if (!ok) c.fail(arg, "the CUDA kernel needs a 16-byte aligned base and row/batch strides that are multiples of 16 bytes, got " + t.describe());
+}
+#endif
 
 /// A packed NVFP4 operand [R, K/2, L] or [R, K/2]: rows, L, row and batch strides (bytes).
 struct Operand {
@@ -97,12 +118,7 @@ void nvfp4_dual_gemm_prepack(const DualGemmArgs& x, const TensorView& packed, St
   c.no_overlap({{"packed", &packed}}, {{"b1", &x.b1}, {"b2", &x.b2}, {"sfb1", &x.sfb1}, {"sfb2", &x.sfb2}});
   if (c.dev != Device::kCUDA) c.fail("packed", "prepacking produces the CUDA kernel's layout: pass CUDA tensors");
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-  const cuda::DeviceGuard guard(c.dev_id);  // the tensors' device, whatever the caller's current one
-  if (guard.error() != 0)
-    throw CudaError(std::string(c.op) + ": cannot make cuda:" + std::to_string(c.dev_id) + " current: " +
-                    cuda::error_string(guard.error()));
-  const int err = cuda::nvfp4_dual_gemm_prepack(p, packed.ptr<uint8_t>(), stream.handle);
-  if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
+  run_on_device(c, [&] { return cuda::nvfp4_dual_gemm_prepack(p, packed.ptr<uint8_t>(), stream.handle); });
 #else
   (void)stream;
   throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
@@ -166,12 +182,7 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
     return;
   }
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-  const cuda::DeviceGuard guard(c.dev_id);  // the tensors' device, whatever the caller's current one
-  if (guard.error() != 0)
-    throw CudaError(std::string(c.op) + ": cannot make cuda:" + std::to_string(c.dev_id) + " current: " +
-                    cuda::error_string(guard.error()));
-  const int err = cuda::nvfp4_dual_gemm(p, prepacked ? x.packed_b.ptr<uint8_t>() : nullptr, stream.handle);
-  if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
+  run_on_device(c, [&] { return cuda::nvfp4_dual_gemm(p, prepacked ? x.packed_b.ptr<uint8_t>() : nullptr, stream.handle); });
 #else
   (void)stream;
   throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
@@ -250,8 +261,15 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
     ref::group_gemm_mxfp4(p);
     return;
   }
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+  require_aligned16(c, x.b, "b", {p.b_sG, p.b_sN});
+  if (x.b_scale_layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0)
+    c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + x.b_scale.describe());
+  run_on_device(c, [&] { return cuda::group_gemm_mxfp4(p, stream.handle); });
+#else
   (void)stream;
-  throw NotSupportedError("group_gemm_mxfp4_nt_groupwise: the sm_90a kernel is not in this build yet; pass CPU tensors for the reference");
+  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
+#endif
 }
 
 }  // namespace lowbit
@@ -339,8 +357,16 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
     ref::gpt_oss_moe_mlp(p);
     return;
   }
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+  require_aligned16(c, x.w1, "w1", {p.w1_sE, p.w1_sR});
+  require_aligned16(c, x.w2, "w2", {p.w2_sE, p.w2_sR});
+  if (E > 4096) c.fail("w1", "the CUDA MLP routes at most 4096 experts, got E = " + std::to_string(E));
+  if (T * k >= (int64_t(1) << 31)) c.fail("topk_ids", "T * k must be below 2^31 routed rows");
+  run_on_device(c, [&] { return cuda::gpt_oss_moe_mlp(p, stream.handle); });
+#else
   (void)stream;
-  throw NotSupportedError("gpt_oss_moe_mlp: the sm_90a kernels are not in this build yet; pass CPU tensors for the reference");
+  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
+#endif
 }
 
 }  // namespace lowbit

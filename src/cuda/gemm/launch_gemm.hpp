@@ -14,3 +14,12 @@ int nvfp4_dual_gemm_prepack(const detail::DualGemmPlan& p, uint8_t* packed, void
 int nvfp4_dual_gemm(const detail::DualGemmPlan& p, const uint8_t* packed, void* stream);
 
 }  // namespace lowbit::cuda
+
+namespace lowbit::cuda {
+
+/// MXFP4-weight grouped GEMM (MXFP8 or bf16 activations), groups from a device m_indptr.
+int group_gemm_mxfp4(const detail::GroupGemmPlan& p, void* stream);
+/// The gpt-oss expert MLP (route, gather, gate_up + SwiGLU, down, weighted sum) on the device.
+int gpt_oss_moe_mlp(const detail::MoeMlpPlan& p, void* stream);
+
+}  // namespace lowbit::cuda

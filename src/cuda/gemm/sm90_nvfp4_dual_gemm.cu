@@ -26,15 +26,15 @@
 #include <atomic>
 #include <utility>
 
-#include <cute/arch/mma_sm90_gmma.hpp>
-
 #include "cuda/gemm/launch_gemm.hpp"
+#include "cuda/gemm/sm90_gemm_common.cuh"
 #include "cuda/gemm/workspace.cuh"
 #include "lowbit/block_quant.hpp"
 #include "lowbit/gemm.hpp"
 
 namespace lowbit::cuda {
 using namespace lowbit::detail;
+using namespace lowbit::cuda::gemm;
 
 namespace {
 
@@ -115,19 +115,6 @@ __global__ void dequant_act_kernel(DualGemmPlan p, uint16_t* out) {
 // ------------------------------------------------------------------------------------------
 // Main kernel
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;  // 0: zero-fill
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 /// bf16x2 of two E4M3 scale bytes, each times 2^64 (exact).
 __device__ __forceinline__ uint32_t scale_pair_bf16(uint32_t two_e4m3 /* low 16 bits */) {
   uint32_t h2;
@@ -137,40 +124,6 @@ __device__ __forceinline__ uint32_t scale_pair_bf16(uint32_t two_e4m3 /* low 16 
   uint32_t b2;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(b2) : "f"(f1), "f"(f0));
   return b2;
-}
-
-__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-template <int NT>
-struct Wgmma;
-#define LOWBIT_WGMMA(NT_)                                                                               \
-  template <>                                                                                           \
-  struct Wgmma<NT_> {                                                                                   \
-    using Op = cute::SM90::GMMA::MMA_64x##NT_##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,           \
-                                                                 cute::SM90::GMMA::Major::K>;          \
-  };
-LOWBIT_WGMMA(16)
-LOWBIT_WGMMA(32)
-LOWBIT_WGMMA(64)
-LOWBIT_WGMMA(128)
-#undef LOWBIT_WGMMA
-
-template <int NT, size_t... I>
-__device__ __forceinline__ void wgmma_call(const uint32_t (&a)[4], uint64_t desc, float* d, std::index_sequence<I...>) {
-  Wgmma<NT>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...);
-}
-
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr) {
-  uint64_t d = 0;
-  d |= uint64_t((smem_addr & 0x3FFFF) >> 4);  // start address
-  d |= uint64_t(1) << 16;                       // leading byte offset (unused for swizzled K-major)
-  d |= uint64_t(1024 >> 4) << 32;               // stride byte offset: 8 rows x 128 B
-  d |= uint64_t(1) << 62;                       // SWIZZLE_128B
-  return d;
 }
 
 struct MainArgs {
@@ -226,7 +179,7 @@ __device__ __forceinline__ void dequant_fragments(const uint8_t* chunk, int wtid
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t y = qw[s] >> (4 * j);
-      const uint32_t v = ((y << 6) & 0x01C001C0u) | ((y << 12) & 0x80008000u);  // e2m1 * 2^-126 (bf16x2)
+      const uint32_t v = e2m1x2_to_bf16x2_tiny(y);
       a[s][j] = bmul2(v, (j & 1) ? s_g8 : s_g);
     }
   }
@@ -352,28 +305,11 @@ cudaError_t launch_main(const MainArgs& a, int device, cudaStream_t st) {
   auto kern = dual_gemm_kernel<NT, S>;
   // the shared-memory opt-in is a per-device function attribute: set it once per device
   static std::atomic<uint64_t> opted{0};
-  const uint64_t bit = uint64_t(1) << (device & 63);
-  if (!(opted.load(std::memory_order_relaxed) & bit)) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    opted.fetch_or(bit, std::memory_order_relaxed);
-  }
+  if (cudaError_t e = opt_in_smem(kern, smem, device, opted); e != cudaSuccess) return e;
   const DualGemmPlan& p = a.p;
   dim3 grid(unsigned(p.N / 64), unsigned((p.M + NT - 1) / NT), unsigned(p.L * a.splits));
   kern<<<grid, 256, smem, st>>>(a);
   return cudaGetLastError();
-}
-
-/// SM count of a device, queried once.
-int sm_count(int device) {
-  static std::atomic<int> cache[64] = {};
-  if (device < 0 || device >= 64) return 132;
-  int n = cache[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 132;
-    cache[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
 }
 
 }  // namespace

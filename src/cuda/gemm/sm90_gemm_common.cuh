@@ -1,0 +1,122 @@
+// src/cuda/gemm/sm90_gemm_common.cuh: building blocks shared by the sm_90a GEMM kernels:
+// cp.async, the bf16 RS wgmma of 64 weight rows x NT tokens x 16, 128B-swizzled K-major
+// descriptors, and launch helpers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+namespace lowbit::cuda::gemm {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+/// 16-byte global -> shared copy; `valid` false zero-fills the destination.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+/// 4-byte global -> shared copy; `valid` false zero-fills the destination.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+/// bf16x2 of the E2M1 codes in bits 0..3 (low half) and 16..19 (high half) of y, times 2^-126
+/// (exact: sign -> bit 15, e1 e0 m -> bits 8..6).
+__device__ __forceinline__ uint32_t e2m1x2_to_bf16x2_tiny(uint32_t y) {
+  return ((y << 6) & 0x01C001C0u) | ((y << 12) & 0x80008000u);
+}
+
+template <int NT>
+struct Wgmma;
+#define LOWBIT_WGMMA(NT_)                                                                               \
+  template <>                                                                                           \
+  struct Wgmma<NT_> {                                                                                   \
+    using Op = cute::SM90::GMMA::MMA_64x##NT_##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,           \
+                                                                 cute::SM90::GMMA::Major::K>;          \
+  };
+LOWBIT_WGMMA(16)
+LOWBIT_WGMMA(32)
+LOWBIT_WGMMA(64)
+LOWBIT_WGMMA(128)
+#undef LOWBIT_WGMMA
+
+template <int NT, size_t... I>
+__device__ __forceinline__ void wgmma_call(const uint32_t (&a)[4], uint64_t desc, float* d, std::index_sequence<I...>) {
+  Wgmma<NT>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...);
+}
+
+/// Descriptor of a K-major bf16 operand in 128B-swizzled shared memory (rows of 128 bytes).
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr) {
+  uint64_t d = 0;
+  d |= uint64_t((smem_addr & 0x3FFFF) >> 4);  // start address
+  d |= uint64_t(1) << 16;                       // leading byte offset (unused for swizzled K-major)
+  d |= uint64_t(1024 >> 4) << 32;               // stride byte offset: 8 rows x 128 B
+  d |= uint64_t(1) << 62;                       // SWIZZLE_128B
+  return d;
+}
+
+/// Programmatic dependent launch: wait for the grids this one depends on (no-op without PDL).
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+/// Lets the next PDL-launched grid start its prologue while this one runs.
+__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+
+/// Launches `kern` so that it may start before the previous kernel in the stream has finished
+/// (programmatic stream serialization); the kernel calls griddep_wait() before it reads that
+/// kernel's results.
+template <typename... P, typename... Args>
+cudaError_t launch_pdl(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
+}
+
+/// SM count of a device, queried once.
+inline int sm_count(int device) {
+  static std::atomic<int> cache[64] = {};
+  if (device < 0 || device >= 64) return 132;
+  int n = cache[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 132;
+    cache[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+/// Opts a kernel into `smem` bytes of dynamic shared memory on `device`, once per (kernel, device):
+/// each instantiation of the template owns its flag word.
+template <typename Kernel>
+cudaError_t opt_in_smem(Kernel kern, int smem, int device, std::atomic<uint64_t>& opted) {
+  const uint64_t bit = uint64_t(1) << (device & 63);
+  if (opted.load(std::memory_order_relaxed) & bit) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess) opted.fetch_or(bit, std::memory_order_relaxed);
+  return e;
+}
+
+}  // namespace lowbit::cuda::gemm
