@@ -38,16 +38,18 @@ using namespace lowbit::cuda::gemm;
 
 namespace {
 
-constexpr int kTileK = 64;   // K per pipeline stage (4 wgmma k16 steps)
-constexpr int kRows = 128;   // weight rows per CTA
-constexpr int kWBytes = kRows * 32;       // FP4 bytes of a stage
-constexpr int kSBytes = kRows * 8;        // two 4-byte scale words per row
-constexpr int kWSBytes = kWBytes + kSBytes;  // 5120 = 5 x 1024
+constexpr int kRows = 128;  // weight rows per CTA
 
-/// Position, within its 64-wide block of a kernel activation row, of K element k of the block:
-/// wgmma k16 step j, lane quad t reads the elements 16t + 4j .. 16t + 4j + 3.
-__host__ __device__ constexpr int act_pos(int k) {
-  return 16 * ((k & 15) >> 2) + ((k & 3) < 2 ? 2 * (k >> 4) + (k & 3) : 8 + 2 * (k >> 4) + (k & 3) - 2);
+/// Position, within its KT-wide block (KT = 64, 128 or 256: the K tile of a pipeline stage) of a
+/// kernel activation row, of K element k of the block: in wgmma k16 step j, lane quad t reads the
+/// elements t * KT/4 + 4j .. + 3, so each thread's weight bytes of a stage are contiguous.
+__host__ __device__ constexpr int act_pos(int k, int KT) {
+  const int q = KT / 4, t = k / q, r = k % q, w = r & 3;
+  return 16 * (r >> 2) + (w < 2 ? 2 * t + w : 8 + 2 * t + w - 2);
+}
+/// act_pos of element k of a whole row.
+__host__ __device__ constexpr int64_t act_index(int64_t k, int KT) {
+  return (k & ~int64_t(KT - 1)) + act_pos(int(k & (KT - 1)), KT);
 }
 
 enum EpiMode : int {
@@ -57,7 +59,8 @@ enum EpiMode : int {
 };
 
 struct GroupArgs {
-  int64_t M = 0, N = 0, K = 0, G = 0, Kp = 0;  ///< N: weight rows; Kp: act row pitch (K rounded to 64)
+  int64_t M = 0, N = 0, K = 0, G = 0, Kp = 0;  ///< N: weight rows; Kp: act row pitch (K rounded to KT)
+  int NT = 16, KT = 64;                          ///< tokens per CTA, K per stage
   const uint8_t* b = nullptr;
   int64_t b_sG = 0, b_sN = 0;
   const uint8_t* bs = nullptr;  ///< weight scales
@@ -80,6 +83,7 @@ struct GroupArgs {
   DType out_dtype = DType::kBFloat16;
   int64_t o_sM = 0;
   bool out_act_layout = false;  ///< kEpiSwiglu: write bf16 in act_pos order (the next GEMM's A)
+  int out_kt = 64;              ///< that GEMM's KT
   const void* bias = nullptr;
   DType bias_dtype = DType::kFloat32;
   int64_t bias_sG = 0;
@@ -140,8 +144,7 @@ __global__ void act_prepass_kernel(GroupArgs A) {
         v1 = decode_bf16(src[1]);
       }
     }
-    reinterpret_cast<uint32_t*>(const_cast<uint16_t*>(A.act) + m * A.Kp)[(k0 + act_pos(2 * lane)) >> 1] =
-        act_pair_bf16(v0, v1);
+    reinterpret_cast<uint32_t*>(const_cast<uint16_t*>(A.act) + m * A.Kp)[act_index(k, A.KT) >> 1] = act_pair_bf16(v0, v1);
     // one flag byte per (row, K block): the GEMM checks the blocks of its rows
     inexact = __any_sync(0xFFFFFFFFu, inexact);
     if (A.tok_flag && lane == 0) const_cast<uint8_t*>(A.tok_flag)[item] = inexact ? 1 : 0;
@@ -196,7 +199,7 @@ __device__ float exact_dot(const GroupArgs& A, int64_t g, int64_t R, int64_t m, 
         av = decode_bf16(static_cast<const uint16_t*>(A.a)[m * A.a_sM + k]);
       }
     } else {
-      av = decode_bf16(A.act[m * A.Kp + (k & ~int64_t(63)) + act_pos(int(k & 63))]);
+      av = decode_bf16(A.act[m * A.Kp + act_index(k, A.KT)]);
     }
     acc = fmaf(A.weight(g, n, k), av, acc);
   }
@@ -221,7 +224,7 @@ __device__ __forceinline__ void store_pair(const GroupArgs& A, int64_t g, int64_
     if (2 * f + 1 >= A.N) return;
     const float y = swiglu(A, v0 + load_bias(A, g, 2 * f), v1 + load_bias(A, g, 2 * f + 1));
     if (A.out_act_layout)
-      static_cast<uint16_t*>(A.out)[m * A.o_sM + (f & ~int64_t(63)) + act_pos(int(f & 63))] = encode_bf16(y);
+      static_cast<uint16_t*>(A.out)[m * A.o_sM + act_index(f, A.out_kt)] = encode_bf16(y);
     else
       static_cast<float*>(A.out)[m * A.o_sM + f] = y;
     return;
@@ -237,11 +240,28 @@ __device__ __forceinline__ void store_pair(const GroupArgs& A, int64_t g, int64_
   }
 }
 
-template <int NT, int S>
+/// Byte `idx` (0..11) of three consecutive words.
+__device__ __forceinline__ uint32_t pick_byte(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t idx) {
+  const uint32_t w = idx < 4 ? w0 : (idx < 8 ? w1 : w2);
+  return (w >> (8 * (idx & 3))) & 0xFFu;
+}
+
+template <int KT>
+struct StageShape {
+  static constexpr int kWRow = KT / 2;                 // FP4 bytes of a row
+  static constexpr int kSW = KT == 256 ? 3 : 2;        // scale words of a row
+  static constexpr int kWBytes = kRows * kWRow;
+  static constexpr int kSBytes = kRows * 4 * kSW;
+  static constexpr int kBlocks = KT / 32;              // MX blocks of a row
+};
+
+template <int NT, int S, int KT>
 __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
+  using SS = StageShape<KT>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  constexpr int kActBytes = NT * 128;
-  constexpr int kStageBytes = kActBytes + kWSBytes;
+  constexpr int kActBytes = NT * KT * 2;  // KT/64 swizzle atoms of NT rows x 128 B
+  constexpr int kStageBytes = (kActBytes + SS::kWBytes + SS::kSBytes + 1023) / 1024 * 1024;
+  constexpr int kSteps = KT / 16;
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   __shared__ int64_t s_work[2];
 
@@ -263,58 +283,85 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   const int64_t m1 = m0 + NT < gend ? m0 + NT : gend;
   const int64_t R0 = int64_t(blockIdx.x) * kRows;
   const int split = int(blockIdx.z);
-  const int64_t kTiles = (A.K + kTileK - 1) / kTileK;
+  const int64_t kTiles = (A.K + KT - 1) / KT;
   const int64_t KG = A.K / 32;  // MX blocks per row
   const int64_t kt0 = int64_t(split) * A.kt_per_split;
   const int64_t kt1 = kt0 + A.kt_per_split < kTiles ? kt0 + A.kt_per_split : kTiles;
   const int64_t nkt = kt1 > kt0 ? kt1 - kt0 : 0;
 
-  // Producer roles of this thread in each stage: weight row piece, scale word, activation pieces.
-  const int prow = tid >> 1, ph = tid & 1;
-  const int64_t pR = R0 + prow;
-  const bool prow_ok = pR < A.N;
-  const int64_t pn = prow_ok ? A.wrow(pR) : 0;
-  const uint8_t* wsrc = A.b + grp * A.b_sG + pn * A.b_sN + ph * 16;
-  const uint8_t* srow_ptr = A.wscale_ptr(grp, pn, 0);  // scale byte of MX block 0 of the row
-  constexpr int kAIters = (NT * 8 + 255) / 256;
+  // Producer roles: weight pieces (16 B), scale words (4 B), activation pieces (16 B).
+  constexpr int kWPieces = kRows * KT / 32, kWIters = kWPieces / 256;
+  const uint8_t* wptr[kWIters];
+  uint32_t wdst[kWIters];
+  int wk[kWIters];  // K element offset of the piece within the tile
+  bool wok[kWIters];
+#pragma unroll
+  for (int j = 0; j < kWIters; ++j) {
+    const int i = tid + 256 * j, row = i / (KT / 32), c = i % (KT / 32);
+    const int64_t R = R0 + row;
+    wok[j] = R < A.N;
+    wptr[j] = A.b + grp * A.b_sG + (wok[j] ? A.wrow(R) : 0) * A.b_sN + c * 16;
+    wdst[j] = uint32_t(kActBytes + row * SS::kWRow + c * 16);
+    wk[j] = c * 32;
+  }
+  constexpr int kSPieces = kRows * SS::kSW, kSIters = (kSPieces + 255) / 256;
+  const uint8_t* sptr[kSIters];  // the row's scale byte of MX block 0
+  uint32_t sdst[kSIters];
+  int sw[kSIters];
+  bool sok[kSIters];
+#pragma unroll
+  for (int j = 0; j < kSIters; ++j) {
+    const int i = tid + 256 * j, row = i / SS::kSW;
+    sw[j] = i % SS::kSW;
+    const int64_t R = R0 + row;
+    sok[j] = i < kSPieces && R < A.N;
+    sptr[j] = A.wscale_ptr(grp, sok[j] ? A.wrow(R) : 0, 0);
+    sdst[j] = uint32_t(kActBytes + SS::kWBytes + row * 4 * SS::kSW + sw[j] * 4);
+  }
+  constexpr int kAPieces = NT * KT / 8, kAIters = (kAPieces + 255) / 256;
   const uint16_t* aptr[kAIters];
   uint32_t adst[kAIters];
   bool aok[kAIters], aload[kAIters];
 #pragma unroll
   for (int j = 0; j < kAIters; ++j) {
-    const int i = tid + 256 * j, r = i >> 3, c = i & 7;
+    const int i = tid + 256 * j, r = i / (KT / 8), c = i % (KT / 8);
     const int64_t m = m0 + r;
-    aload[j] = i < NT * 8;
+    aload[j] = i < kAPieces;
     aok[j] = m < m1;
     aptr[j] = A.act + (aok[j] ? m : 0) * A.Kp + c * 8;
-    adst[j] = uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+    adst[j] = uint32_t((c >> 3) * NT * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
   }
   const uint32_t smem_base = smem_u32(smem);
   auto load_weights = [&](int64_t it) {
     const int64_t kt = kt0 + it;
     const uint32_t st = smem_base + uint32_t((it % S) * kStageBytes);
-    // weights: rows x 2 pieces of 16 bytes (K elements 0..31, 32..63 of the tile)
-    cp_async16(st + kActBytes + prow * 32 + ph * 16, wsrc + kt * 32, prow_ok && kt * kTileK + ph * 32 < A.K);
-    // scales: the aligned words holding this row's MX blocks 2kt and 2kt + 1
-    const uint8_t* s0;
-    if (A.bs_blocked) {
-      s0 = srow_ptr + (kt >> 1) * 512;  // 4 blocks of one row are one aligned word
-    } else {
-      const uint8_t* a = srow_ptr + 2 * kt + (ph && 2 * kt + 1 < KG ? 1 : 0);
-      s0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(a) & ~uintptr_t(3));
+#pragma unroll
+    for (int j = 0; j < kWIters; ++j)
+      cp_async16(st + wdst[j], wptr[j] + kt * (KT / 2), wok[j] && kt * KT + wk[j] < A.K);
+    const int64_t blk0 = kt * SS::kBlocks;  // first MX block of the tile
+#pragma unroll
+    for (int j = 0; j < kSIters; ++j) {
+      const uint8_t* src;
+      bool ok = sok[j];
+      if (A.bs_blocked) {  // 4 blocks of a row per aligned word, words of consecutive 4-block groups 512 B apart
+        src = sptr[j] + (blk0 / 4 + sw[j]) * 512;
+        ok = ok && sw[j] < (KT >= 128 ? KT / 128 : 1) && (blk0 / 4 + sw[j]) * 4 < KG;
+      } else {  // the aligned words covering bytes a .. a + blocks - 1
+        const uintptr_t a = reinterpret_cast<uintptr_t>(sptr[j] + blk0);
+        const int64_t nvalid = KG - blk0 < SS::kBlocks ? KG - blk0 : SS::kBlocks;
+        const uintptr_t w = (a & ~uintptr_t(3)) + 4 * sw[j];
+        src = reinterpret_cast<const uint8_t*>(w);
+        ok = ok && w <= a + nvalid - 1;
+      }
+      cp_async4(st + sdst[j], ok ? src : sptr[j], ok);
     }
-    cp_async4(st + kActBytes + kWBytes + prow * 8 + ph * 4, s0, prow_ok);
   };
   auto load_acts = [&](int64_t it) {
     const int64_t kt = kt0 + it;
     const uint32_t st = smem_base + uint32_t((it % S) * kStageBytes);
 #pragma unroll
     for (int j = 0; j < kAIters; ++j)
-      if (aload[j]) cp_async16(st + adst[j], aptr[j] + kt * kTileK, aok[j]);
-  };
-  auto load_stage = [&](int64_t it) {
-    load_weights(it);
-    load_acts(it);
+      if (aload[j]) cp_async16(st + adst[j], aptr[j] + kt * KT, aok[j]);
   };
 
   float acc[NT / 2];
@@ -333,9 +380,11 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
     cp_async_commit();
   }
 
-  // Consumer: rows rl and rl + 8 of this CTA, K bytes 8t..8t+7 of each tile.
+  // Consumer: rows rl and rl + 8 of this CTA; bytes t*KT/8 .. +KT/8 of each row of a tile.
   const int g = lane >> 2, t = lane & 3;
   const int rl = 64 * wg + 16 * warp + g;
+  constexpr int kTB = KT / 8;                       // weight bytes of a thread per row
+  constexpr int kTBlk = KT >= 128 ? KT / 128 : 1;   // MX blocks of a thread per row
   const uintptr_t sc_addr0 = reinterpret_cast<uintptr_t>(A.wscale_ptr(grp, R0 + rl < A.N ? A.wrow(R0 + rl) : 0, 0));
   const uintptr_t sc_addr1 =
       reinterpret_cast<uintptr_t>(A.wscale_ptr(grp, R0 + rl + 8 < A.N ? A.wrow(R0 + rl + 8) : 0, 0));
@@ -344,53 +393,69 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
     cp_async_wait<S - 2>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    if (it + S - 1 < nkt) load_stage(it + S - 1);
+    if (it + S - 1 < nkt) {
+      load_weights(it + S - 1);
+      load_acts(it + S - 1);
+    }
     cp_async_commit();
 
     const int64_t kt = kt0 + it;
     const uint8_t* st = smem + (it % S) * kStageBytes;
     const uint8_t* wt = st + kActBytes;
-    const uint2 q0 = *reinterpret_cast<const uint2*>(wt + rl * 32 + 8 * t);
-    const uint2 q1 = *reinterpret_cast<const uint2*>(wt + (rl + 8) * 32 + 8 * t);
-    const uint2 w0 = *reinterpret_cast<const uint2*>(wt + kWBytes + rl * 8);
-    const uint2 w1 = *reinterpret_cast<const uint2*>(wt + kWBytes + (rl + 8) * 8);
-    const int64_t blk = 2 * kt + (t >> 1);  // this thread's MX block
-    uint32_t sel0, sel1;
-    if (A.bs_blocked) {
-      sel0 = sel1 = uint32_t(2 * (kt & 1) + (t >> 1));
-    } else {
-      // word 0 holds block 2kt at byte (addr & 3); block 2kt + 1 follows (maybe in word 1)
-      // words [floor4(a), floor4(a + 1)] of block 2kt's byte a: block 2kt + 1 is byte (a & 3) + 1 of
-      // word 0, or byte 0 of word 1 (selector 4) when a & 3 == 3
-      sel0 = uint32_t((sc_addr0 + 2 * kt) & 3) + (t >> 1);
-      sel1 = uint32_t((sc_addr1 + 2 * kt) & 3) + (t >> 1);
-    }
-    uint32_t sb0 = __byte_perm(w0.x, w0.y, sel0) & 0xFFu;
-    uint32_t sb1 = __byte_perm(w1.x, w1.y, sel1) & 0xFFu;
-    if (blk >= KG) sb0 = sb1 = 0;  // K tail: zero weights, any finite scale
-    bad |= (sb0 > 128u) | (sb1 > 128u);
-    const uint32_t S0 = ((sb0 + 126u) << 7) * 0x10001u;  // bf16x2 of 2^(s-1)
-    const uint32_t S1 = ((sb1 + 126u) << 7) * 0x10001u;
-
-    uint32_t a[4][4];
+    uint32_t q0[kTB / 4], q1[kTB / 4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t x0 = (j < 2) ? q0.x : q0.y, x1 = (j < 2) ? q1.x : q1.y;
-      const uint32_t b = 2 * (j & 1);  // byte of K elements 16t+4j, +1; byte b + 1: +2, +3
+    for (int i = 0; i < kTB / 8; ++i) {
+      const uint2 x0 = reinterpret_cast<const uint2*>(wt + rl * SS::kWRow + kTB * t)[i];
+      const uint2 x1 = reinterpret_cast<const uint2*>(wt + (rl + 8) * SS::kWRow + kTB * t)[i];
+      q0[2 * i] = x0.x; q0[2 * i + 1] = x0.y;
+      q1[2 * i] = x1.x; q1[2 * i + 1] = x1.y;
+    }
+    // scale bytes of this thread's MX blocks (kTBlk per row)
+    const uint32_t* sw0 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + rl * 4 * SS::kSW);
+    const uint32_t* sw1 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + (rl + 8) * 4 * SS::kSW);
+    const uint32_t u00 = sw0[0], u01 = sw0[1], u02 = SS::kSW > 2 ? sw0[SS::kSW - 1] : 0u;
+    const uint32_t u10 = sw1[0], u11 = sw1[1], u12 = SS::kSW > 2 ? sw1[SS::kSW - 1] : 0u;
+    const int64_t blk0 = kt * SS::kBlocks;
+    uint32_t S0[kTBlk], S1[kTBlk];
+#pragma unroll
+    for (int b = 0; b < kTBlk; ++b) {
+      // this thread's block within the tile: KT = 64: t / 2 (two quads share one); else t * kTBlk + b
+      const uint32_t lb = KT == 64 ? uint32_t(t >> 1) : uint32_t(t * kTBlk + b);
+      uint32_t base0, base1;
+      if (A.bs_blocked) {
+        base0 = base1 = KT == 64 ? uint32_t(2 * (kt & 1)) : 0u;
+      } else {
+        base0 = uint32_t((sc_addr0 + blk0) & 3);
+        base1 = uint32_t((sc_addr1 + blk0) & 3);
+      }
+      uint32_t sb0 = pick_byte(u00, u01, u02, base0 + lb), sb1 = pick_byte(u10, u11, u12, base1 + lb);
+      if (blk0 + lb >= KG) sb0 = sb1 = 0;  // K tail: zero weights, any finite scale
+      bad |= (sb0 > 128u) | (sb1 > 128u);
+      S0[b] = ((sb0 + 126u) << 7) * 0x10001u;  // bf16x2 of 2^(s-1)
+      S1[b] = ((sb1 + 126u) << 7) * 0x10001u;
+    }
+
+    uint32_t a[kSteps][4];
+#pragma unroll
+    for (int j = 0; j < kSteps; ++j) {
+      const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1];
+      const uint32_t sA = S0[(j * kTBlk) / kSteps], sB = S1[(j * kTBlk) / kSteps];
+      const uint32_t b = 2 * (j & 1);  // byte of K elements +4j, +1; byte b + 1: +2, +3
       const uint32_t lo_sel = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
       const uint32_t hi_sel = lo_sel + 0x1111u;
-      a[j][0] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x0, x0 >> 4, lo_sel)), S0);
-      a[j][1] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x1, x1 >> 4, lo_sel)), S1);
-      a[j][2] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x0, x0 >> 4, hi_sel)), S0);
-      a[j][3] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x1, x1 >> 4, hi_sel)), S1);
+      a[j][0] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x0, x0 >> 4, lo_sel)), sA);
+      a[j][1] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x1, x1 >> 4, lo_sel)), sB);
+      a[j][2] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x0, x0 >> 4, hi_sel)), sA);
+      a[j][3] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x1, x1 >> 4, hi_sel)), sB);
     }
     const uint32_t abase = smem_u32(st);
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
     cute::warpgroup_arrive();
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      wgmma_call<NT>(a[j], desc_sw128(abase + j * 32), acc, std::make_index_sequence<NT / 2>{});
+    for (int j = 0; j < kSteps; ++j)
+      wgmma_call<NT>(a[j], desc_sw128(abase + (j >> 2) * NT * 128 + (j & 3) * 32), acc,
+                     std::make_index_sequence<NT / 2>{});
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<0>();
 #pragma unroll
@@ -399,9 +464,9 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   cp_async_wait<0>();
 
   if (A.tok_flag && tid < NT && m0 + tid < m1)
-    for (int64_t kt = kt0; kt < kt1; ++kt) bad |= A.tok_flag[(m0 + tid) * (A.Kp / 64) + kt] != 0;
+    for (int64_t c = kt0 * (KT / 64); c < kt1 * (KT / 64); ++c) bad |= A.tok_flag[(m0 + tid) * (A.Kp / 64) + c] != 0;
   bad = __syncthreads_or(bad);
-  const int64_t kb = kt0 * kTileK, ke = kt1 * kTileK < A.K ? kt1 * kTileK : A.K;
+  const int64_t kb = kt0 * KT, ke = kt1 * KT < A.K ? kt1 * KT : A.K;
 #pragma unroll
   for (int j = 0; j < NT / 8; ++j) {
 #pragma unroll
@@ -449,35 +514,53 @@ __global__ void group_finalize_kernel(GroupArgs A) {
   }
 }
 
-template <int NT, int S>
+template <int NT, int S, int KT>
 cudaError_t launch_group(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
-  constexpr int kStageBytes = NT * 128 + kWSBytes;
+  using SS = StageShape<KT>;
+  constexpr int kStageBytes = (NT * KT * 2 + SS::kWBytes + SS::kSBytes + 1023) / 1024 * 1024;
   constexpr int smem = S * kStageBytes + 1024;
-  auto kern = group_gemm_kernel<NT, S>;
+  auto kern = group_gemm_kernel<NT, S, KT>;
   static std::atomic<uint64_t> opted{0};
   if (cudaError_t e = opt_in_smem(kern, smem, device, opted); e != cudaSuccess) return e;
   dim3 grid(unsigned((a.N + kRows - 1) / kRows), unsigned(max_tiles), unsigned(a.splits));
   return launch_pdl(kern, grid, dim3(256), size_t(smem), st, a);
 }
 
-/// Runs the grouped GEMM of `a` (act already in place): NT, split-K and the finalize.
+/// Tokens per CTA (from the mean rows per non-empty group) and the K tile that goes with it.
+void pick_tile(int64_t rows_bound, int64_t G, int* NT, int* KT) {
+  const int64_t used = rows_bound < G ? rows_bound : G;  // non-empty groups at most
+  const int64_t avg = used > 0 ? (rows_bound + used - 1) / used : 1;
+  *NT = avg <= 16 ? 16 : avg <= 32 ? 32 : avg <= 64 ? 64 : 128;
+  *KT = *NT <= 32 ? 256 : *NT == 64 ? 128 : 64;
+}
+
+/// Runs the grouped GEMM of `a` (act already in place, a.NT / a.KT from pick_tile): split-K and
+/// the finalize.
 cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaStream_t st) {
   int dev = 0;
   cudaGetDevice(&dev);
   const int sms = sm_count(dev);
-  const int64_t used = rows_bound < a.G ? rows_bound : a.G;  // non-empty groups at most
-  const int64_t avg = used > 0 ? (rows_bound + used - 1) / used : 1;
-  const int NT = avg <= 16 ? 16 : avg <= 32 ? 32 : avg <= 64 ? 64 : 128;
+  const int NT = a.NT;
   int64_t max_tiles = (rows_bound + NT - 1) / NT + a.G;  // sum over groups of ceil(rows / NT)
   if (rows_bound < max_tiles) max_tiles = rows_bound;      // and each tile holds a row
   const int64_t tiles_est = max_tiles * ((a.N + kRows - 1) / kRows);
-  const int64_t kTiles = (a.K + kTileK - 1) / kTileK;
+  const int64_t kTiles = (a.K + a.KT - 1) / a.KT;
+  // Split K when the tiles do not fill the GPU: every configuration runs 2 CTAs per SM, and a CTA
+  // costs about its K tiles plus ~2 tiles of pipeline fill, so pick the split count that minimises
+  // waves x (tiles per split + 2) (partial waves cost as much as full ones).
+  const int64_t slots = 2 * int64_t(sms);
   int splits = 1;
-  if (tiles_est < 2 * sms) {
-    splits = int((2 * sms + tiles_est - 1) / (tiles_est > 0 ? tiles_est : 1));
-    const int max_splits = int(kTiles / 4 > 0 ? kTiles / 4 : 1);
-    splits = splits < max_splits ? splits : max_splits;
-    if (splits < 1) splits = 1;
+  if (tiles_est < 2 * slots) {
+    int64_t best = -1;
+    const int64_t max_splits = kTiles / 2 > 0 ? kTiles / 2 : 1;
+    for (int64_t sp = 1; sp <= max_splits; ++sp) {
+      const int64_t per_sp = (kTiles + sp - 1) / sp;
+      const int64_t cost = ((tiles_est * sp + slots - 1) / slots) * (per_sp + 2);
+      if (best < 0 || cost < best) {
+        best = cost;
+        splits = int(sp);
+      }
+    }
   }
   const int per = int((kTiles + splits - 1) / splits);
   splits = int((kTiles + per - 1) / per);
@@ -489,10 +572,10 @@ cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaS
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&a.ws), size_t(splits) * a.M * a.N * sizeof(float), pool, st);
   if (e == cudaSuccess) {
     switch (NT) {
-      case 16: e = launch_group<16, 8>(a, max_tiles, dev, st); break;
-      case 32: e = launch_group<32, 6>(a, max_tiles, dev, st); break;
-      case 64: e = launch_group<64, 5>(a, max_tiles, dev, st); break;
-      default: e = launch_group<128, 4>(a, max_tiles, dev, st); break;
+      case 16: e = launch_group<16, 4, 256>(a, max_tiles, dev, st); break;
+      case 32: e = launch_group<32, 3, 256>(a, max_tiles, dev, st); break;
+      case 64: e = launch_group<64, 4, 128>(a, max_tiles, dev, st); break;
+      default: e = launch_group<128, 4, 64>(a, max_tiles, dev, st); break;
     }
   }
   if (e == cudaSuccess && splits > 1) {
@@ -513,7 +596,9 @@ int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
   if (cudaError_t pe = workspace_pool(&pool); pe != cudaSuccess) return int(pe);
   if (p.M == 0) return 0;
   GroupArgs a;
-  a.M = p.M; a.N = p.N; a.K = p.K; a.G = p.G; a.Kp = (p.K + 63) / 64 * 64;
+  a.M = p.M; a.N = p.N; a.K = p.K; a.G = p.G;
+  pick_tile(p.M, p.G, &a.NT, &a.KT);
+  a.Kp = (p.K + a.KT - 1) / a.KT * a.KT;
   a.b = p.b; a.b_sG = p.b_sG; a.b_sN = p.b_sN;
   a.bs = p.b_scale;
   a.bs_blocked = p.spb.layout.kind == ScaleLayoutKind::kBlocked128x4;
@@ -588,7 +673,7 @@ __global__ void route_kernel(MoeMlpPlan p, int32_t* indptr, int32_t* pos, int32_
 /// indptr[E]: from x[token of src_slot[r]] (gather) or from y[r] (fp32 [rows][K]), rounded to bf16
 /// or through MXFP8 E4M3 (RCEIL) as the reference's act() does. One warp per (row, 64-wide block).
 __global__ void prep_rows_kernel(MoeMlpPlan p, const int32_t* indptr, const int32_t* src_slot, const float* y,
-                                 int64_t K, int64_t Kp, uint16_t* act) {
+                                 int64_t K, int64_t Kp, int KT, uint16_t* act) {
   griddep_wait();
   const int lane = threadIdx.x & 31;
   const int64_t kblocks = Kp / 64;
@@ -616,7 +701,7 @@ __global__ void prep_rows_kernel(MoeMlpPlan p, const int32_t* indptr, const int3
       const BlockScale bs = compute_block_scale(f, st, QuantContext{});
       for (int h = 0; h < 2; ++h) v[h] = decode_element(f, encode_element(f, bs, v[h]), bs.code, 0);
     }
-    reinterpret_cast<uint32_t*>(act + r * Kp)[(k0 + act_pos(2 * lane)) >> 1] = act_pair_bf16(v[0], v[1]);
+    reinterpret_cast<uint32_t*>(act + r * Kp)[act_index(k, KT) >> 1] = act_pair_bf16(v[0], v[1]);
   }
 }
 
@@ -647,7 +732,9 @@ int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
   cudaGetDevice(&dev);
   const int sms = sm_count(dev);
   const int64_t rows = p.T * p.topk;  // upper bound of routed rows
-  const int64_t Hp = (p.H + 63) / 64 * 64, Ip = (p.I + 63) / 64 * 64;
+  int NT = 16, KT = 64;
+  pick_tile(rows, p.E, &NT, &KT);  // both GEMMs: same rows and groups
+  const int64_t Hp = (p.H + KT - 1) / KT * KT, Ip = (p.I + KT - 1) / KT * KT;
   // workspace: indptr [E+1], pos [rows], src_slot [rows] (int32); act1 [rows][Hp], act2 [rows][Ip]
   // (bf16); y [rows][I] (fp32, MXFP8 mode); o [rows][H] (fp32)
   auto al = [](int64_t b) { return (b + 255) / 256 * 256; };
@@ -670,7 +757,7 @@ int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
   e = cudaGetLastError();
   if (e == cudaSuccess) {
     e = launch_pdl(prep_rows_kernel, dim3(prep_grid), dim3(256), 0, st, p, (const int32_t*)indptr,
-                   (const int32_t*)src_slot, (const float*)nullptr, p.H, Hp, act1);
+                   (const int32_t*)src_slot, (const float*)nullptr, p.H, Hp, KT, act1);
   }
   if (e == cudaSuccess && !p.act_mxfp8 && Ip != p.I) e = cudaMemsetAsync(act2, 0, size_t(rows * Ip * 2), st);
   GroupArgs a;
@@ -678,6 +765,9 @@ int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
   a.indptr64 = false;
   a.G = p.E;
   a.M = rows;
+  a.NT = NT;
+  a.KT = KT;
+  a.out_kt = KT;
   a.bs_blocked = false;
   if (e == cudaSuccess) {  // gate_up: [rows, 2I] -> SwiGLU -> y
     a.N = 2 * p.I; a.K = p.H; a.Kp = Hp;
@@ -696,7 +786,7 @@ int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
   }
   if (e == cudaSuccess && p.act_mxfp8) {
     e = launch_pdl(prep_rows_kernel, dim3(prep_grid), dim3(256), 0, st, p, (const int32_t*)indptr,
-                   (const int32_t*)src_slot, (const float*)y, p.I, Ip, act2);
+                   (const int32_t*)src_slot, (const float*)y, p.I, Ip, KT, act2);
   }
   if (e == cudaSuccess) {  // down: [rows, H] + b2 -> o (fp32)
     a.N = p.H; a.K = p.I; a.Kp = Ip;

@@ -1,0 +1,702 @@
+"""MXFP4 grouped GEMM and the gpt-oss MoE MLP of lowbit against the anchors a user would otherwise run.
+
+    python bench/bench_moe.py [--models 20b,120b] [--tokens 1,16,4096] [--json PATH] [--quick]
+
+Shapes: gpt-oss-20b (32 experts) and gpt-oss-120b (128 experts), top-4 routing, hidden 2880,
+intermediate 2880: gate_up GEMM N=5760 K=2880, down GEMM N=2880 K=2880, T tokens -> cum_m = 4 T
+rows after routing. Routing: router logits randn [T, E], top-4 distinct experts per token, softmax
+of the 4 logits as weights; m_indptr (device int32) and the expert-sorted row order come from it.
+
+Per (model, T, GEMM), in one process:
+  moe_<gemm>_w4a8    lowbit.group_gemm_mxfp4_nt_groupwise, MXFP8 E4M3 activations (lowbit.quantize,
+                     UE8M0 scales grouped 128x4 with FlashInfer padding; quantize not timed)
+  moe_<gemm>_w4a16   the same on bf16 activations
+  vs torch_grouped_mm_bf16   torch._grouped_mm on the bf16 dequantized weights (mat_b = the
+                             [G, N, K] weights viewed [G, K, N], K-major; offs = m_indptr[1:])
+  vs torch_loop_bf16         torch.mm per non-empty expert (bf16; host offsets computed before timing)
+Per T of the MLP part (20b shapes unless --mlp-models says otherwise):
+  moe_mlp_bf16 / moe_mlp_mxfp8   lowbit.gpt_oss_moe_mlp, act="bf16" / "mxfp8"
+  vs torch_eager_grouped_mm / torch_eager_loop   route (argsort of topk_ids) -> gather -> gate_up
+     GEMM + bias -> clamped SwiGLU (alpha 1.702, limit 7, gate = h[..., 0::2], up = h[..., 1::2])
+     -> down GEMM + bias -> weighted sum (index_add_), GEMMs by torch._grouped_mm / per-expert loop
+     (the loop reads the expert counts on the host: one device sync per call, as eager code does)
+Columns: lowbit us, anchor us, x = anchor us / lowbit us (> 1: lowbit faster), rate = lowbit TFLOP/s
+(2 cum_m N K), %ceil = fraction of the bf16 GEMM peak measured in this process. The note gives the
+memory floor: bytes of the packed weights + scales (+ biases) of the ACTIVE experts only, plus
+activations and output, over the measured copy bandwidth, and the fraction of it reached
+(floor us / lowbit us). Checks (outside the timed region): rel_l2 = ||lowbit - ref|| / ||ref|| on the
+first 8192 rows; ref: the bf16 per-expert loop (W4A16, MLP bf16), the loop on lowbit's dequantized
+MXFP8 activations (W4A8), the eager loop with both GEMM inputs through MXFP8 and back (MLP mxfp8);
+gmm~loop: torch._grouped_mm against the loop.
+Until lowbit's CUDA kernels land its rows read "n/a (not implemented)" and the anchors are still
+timed. Weights: random E2M1 codes, UE8M0 scales uniform in --weight-scales (default 118:127).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from lowbit_bench import Report, Row, add_common_args, measure_ceilings, time_fn  # noqa: E402
+
+BENCH = "bench_moe"
+HIDDEN = 2880
+INTER = 2880
+TOPK = 4
+MODELS = {"20b": 32, "120b": 128}  # model -> experts
+GEMMS = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}  # gemm -> (N, K)
+DEFAULT_TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
+DEFAULT_MLP_TOKENS = [1, 16, 256, 4096]
+QUICK_TOKENS = [1, 256, 4096]
+QUICK_MLP_TOKENS = [16, 256]
+ALPHA, LIMIT = 1.702, 7.0
+FAST_WINDOW = (0, 128)  # weight scale bytes in this range take the kernel's exact fast path
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+CHECK_ROWS = 8192  # rows compared by the rel_l2 checks
+NA = "n/a (not implemented)"
+
+torch = None  # imported in main() so that --help works without torch
+lowbit = None
+
+
+def _err(ex: BaseException, limit: int = 400) -> str:
+    s = " ".join(f"{type(ex).__name__}: {ex}".split())
+    return s if len(s) <= limit else s[: limit - 2] + ".."
+
+
+def _not_implemented(ex: BaseException) -> bool:
+    """True for the errors lowbit raises where a CUDA kernel is not in the build."""
+    nse = getattr(lowbit, "NotSupportedError", None) if lowbit is not None else None
+    if isinstance(ex, NotImplementedError) or (isinstance(nse, type) and isinstance(ex, nse)):
+        return True
+    msg = str(ex).lower()
+    return isinstance(ex, RuntimeError) and ("not in this build" in msg or "not implemented" in msg
+                                             or "no sm_90a" in msg)
+
+
+def _ints(s: str):
+    return [int(v) for v in s.split(",") if v.strip()]
+
+
+def _names(p: argparse.ArgumentParser, s: str, allowed, what: str):
+    out = [v.strip() for v in s.split(",") if v.strip()]
+    bad = [v for v in out if v not in allowed]
+    if bad:
+        p.error(f"unknown {what} {', '.join(bad)}: choose from {', '.join(allowed)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+def make_weights(G, N, K, scale_lo, scale_hi, seed, dev):
+    """Random MXFP4 weights: codes uint8 [G, N, K/2] (element 2k in the low nibble) and UE8M0
+    scale bytes uint8 [G, N, K/32], row-major, uniform in [scale_lo, scale_hi]."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    codes = torch.randint(0, 256, (G, N, K // 2), dtype=torch.uint8, device=dev, generator=g)
+    scales = torch.randint(scale_lo, scale_hi + 1, (G, N, K // 32), dtype=torch.uint8, device=dev, generator=g)
+    return codes, scales
+
+
+def swizzle_128x4_torch(s):
+    """Row-major [G, R, C] -> 128x4 blocked [G, round_up(R,128), round_up(C,4)], zero padded:
+    offset ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4 per matrix."""
+    G, R, C = s.shape
+    Rp, Cp = (R + 127) // 128 * 128, (C + 3) // 4 * 4
+    p = torch.zeros((G, Rp, Cp), dtype=s.dtype, device=s.device)
+    p[:, :R, :C] = s
+    p = p.view(G, Rp // 128, 4, 32, Cp // 4, 4).permute(0, 1, 4, 3, 2, 5)
+    return p.reshape(G, Rp, Cp).contiguous()
+
+
+def blocked_scales(s):
+    """(128x4 blocked scales, how they were made): lowbit.block_scale_interleave on the device,
+    else the torch formula above; where both run their bytes are compared."""
+    ref = swizzle_128x4_torch(s)
+    if lowbit is None:
+        return ref, "torch formula (lowbit not importable)"
+    try:
+        got = lowbit.block_scale_interleave(s)
+        if got.device != s.device:
+            got = got.to(s.device)
+        got = got.view(torch.uint8) if got.dtype != torch.uint8 else got
+        same = tuple(got.shape) == tuple(ref.shape) and torch.equal(got, ref)
+        return got, "lowbit.block_scale_interleave" + (" (== torch formula)" if same else " (DIFFERS from torch formula)")
+    except Exception as ex:  # noqa: BLE001
+        return ref, f"torch formula (lowbit.block_scale_interleave: {_err(ex, 120)})"
+
+
+def dequant_bf16(codes, scales):
+    """bf16 [G, N, K] = e2m1(code) * 2^(scale - 127), one expert at a time."""
+    G, N, K2 = codes.shape
+    lut = torch.tensor(E2M1, dtype=torch.float32, device=codes.device)
+    out = torch.empty((G, N, 2 * K2), dtype=torch.bfloat16, device=codes.device)
+    for g in range(G):
+        c = codes[g].long()
+        v = torch.stack([lut[c & 0xF], lut[c >> 4]], dim=-1).reshape(N, 2 * K2)
+        s = torch.exp2(scales[g].float() - 127.0).repeat_interleave(32, dim=1)
+        out[g] = (v * s).to(torch.bfloat16)
+    return out
+
+
+def make_routing(T, E, seed, dev):
+    """Top-4 distinct experts per token from random router logits, softmax weights, and what the
+    grouped GEMM takes: expert-sorted row order, m_indptr (int32 [E+1]) and offs (= m_indptr[1:])."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    logits = torch.randn((T, E), device=dev, generator=g)
+    vals, ids = logits.topk(TOPK, dim=-1)
+    weights = torch.softmax(vals, dim=-1).float().contiguous()
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(E, dtype=torch.int64, device=dev).index_add_(0, flat, torch.ones_like(flat))
+    m_indptr = torch.zeros(E + 1, dtype=torch.int32, device=dev)
+    m_indptr[1:] = counts.cumsum(0).to(torch.int32)
+    counts_host = counts.tolist()
+    starts = [0]
+    for c in counts_host:
+        starts.append(starts[-1] + c)
+    return dict(ids=ids.to(torch.int32).contiguous(), weights=weights, order=order, tok=order // TOPK,
+                m_indptr=m_indptr, offs=m_indptr[1:].contiguous(), counts=counts_host, starts=starts,
+                active=sum(1 for c in counts_host if c > 0), cum_m=T * TOPK)
+
+
+def quantize_acts(a, m_indptr):
+    """MXFP8 E4M3 codes [cum_m, K] and UE8M0 scales in the grouped 128x4 layout (FlashInfer
+    padding) by lowbit.quantize: on the device, else lowbit's CPU reference copied over.
+    Returns (codes, scales, how, the lowbit.Quantized)."""
+    try:
+        qa = lowbit.quantize(a, "mxfp8_e4m3", "blocked128x4", m_indptr=m_indptr, group_pad="flashinfer")
+        return qa.data, qa.scales, "lowbit.quantize on the device", qa
+    except Exception as ex:  # noqa: BLE001
+        first = _err(ex, 120)
+    qa = lowbit.quantize(a.cpu(), "mxfp8_e4m3", "blocked128x4", m_indptr=m_indptr.cpu(), group_pad="flashinfer")
+    return qa.data.to(a.device), qa.scales.to(a.device), f"lowbit.quantize on the CPU ({first})", qa
+
+
+def dequant_acts(qa, dev):
+    """bf16 values of MXFP8 activations (exact: e4m3 * 2^k fits bf16), None where lowbit cannot."""
+    try:
+        return lowbit.dequantize(qa, "bfloat16").to(dev)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def qdq_mxfp8(t):
+    """t through MXFP8 E4M3 (RCEIL, row-major scales) and back to bf16 with lowbit."""
+    return lowbit.dequantize(lowbit.quantize(t, "mxfp8_e4m3"), "bfloat16")
+
+
+def loop_gemm(a, w16, starts, out):
+    """out[rows of g] = a[rows of g] @ w16[g]^T per non-empty group (bf16, torch.mm)."""
+    for g, (s, e) in enumerate(zip(starts[:-1], starts[1:])):
+        if e > s:
+            torch.mm(a[s:e], w16[g].t(), out=out[s:e])
+    return out
+
+
+def grouped_mm_op():
+    """torch._grouped_mm (or torch.nn.functional.grouped_mm), None where this torch has neither."""
+    fn = getattr(torch, "_grouped_mm", None)
+    if fn is None:
+        fn = getattr(torch.nn.functional, "grouped_mm", None)
+    return fn
+
+
+def rel_l2(x, ref, rows: int = CHECK_ROWS) -> float:
+    a = x[:rows].float()
+    b = ref[:rows].float()
+    den = torch.linalg.vector_norm(b).item()
+    num = torch.linalg.vector_norm(a - b).item()
+    return num / den if den > 0 else float("inf") if num > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, args, report: Report, dev):
+        self.args = args
+        self.report = report
+        self.dev = dev
+        self.t_start = time.perf_counter()
+        self.peak = report.ceilings.get("bf16_tflops") or None
+        self.copy = report.ceilings.get("copy_tbs") or None
+        self.gmm = grouped_mm_op()
+        self.scale_bytes = 0
+        self.scale_outside = 0
+
+    def over_budget(self) -> bool:
+        b = self.args.budget_s
+        return b is not None and time.perf_counter() - self.t_start > b
+
+    def time(self, fn, T):
+        a = self.args
+        sync = a.small_timing == "host" and T <= 16
+        iters = a.iters if not a.quick else max(5, a.iters // 3)
+        return time_fn(fn, warmup=a.warmup, iters=iters, flush_l2=not a.no_flush, sync=sync,
+                       max_seconds=a.max_seconds)
+
+    def count_scales(self, s) -> None:
+        self.scale_bytes += s.numel()
+        self.scale_outside += int(((s < FAST_WINDOW[0]) | (s > FAST_WINDOW[1])).sum().item())
+
+    def floor_us(self, nbytes):
+        return nbytes / (self.copy * 1e6) if self.copy else None
+
+    def weights(self, model, gemm):
+        G = MODELS[model]
+        N, K = GEMMS[gemm]
+        lo, hi = self.args.weight_scales
+        codes, scales = make_weights(G, N, K, lo, hi, seed=1000 * G + N + 7 * K, dev=self.dev)
+        self.count_scales(scales)
+        return codes, scales
+
+    # -- rows ---------------------------------------------------------------------------------
+    def run_lowbit(self, fn, T):
+        """(Timing or None, status, message, output of one untimed call)."""
+        if lowbit is None:
+            return None, "error", "lowbit not importable", None
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+        except Exception as ex:  # noqa: BLE001
+            if _not_implemented(ex):
+                return None, "na", _err(ex, 200), None
+            if self.args.verbose:
+                traceback.print_exc()
+            return None, "error", _err(ex), None
+        try:
+            return self.time(fn, T), "ok", "", out
+        except Exception as ex:  # noqa: BLE001
+            return None, "error", "timing: " + _err(ex), out
+
+    def run_anchor(self, fn, T):
+        """(Timing or None, error message, output of one untimed call)."""
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            return self.time(fn, T), "", out
+        except Exception as ex:  # noqa: BLE001
+            if self.args.verbose:
+                traceback.print_exc()
+            return None, _err(ex), None
+
+    def emit(self, op, shape, lb, anchors, flops, floor_bytes, info):
+        """One row per anchor. lb: (Timing, status, message, check); anchors: [(name, Timing,
+        error, check)]; info: note text shared by the rows."""
+        t_lb, status, msg, lb_check = lb
+        floor = self.floor_us(floor_bytes)
+        rate = flops / (t_lb.median_us * 1e-6) / 1e12 if t_lb else None
+        frac = rate / self.peak if (rate is not None and self.peak) else None
+        for name, t_an, an_err, an_check in anchors:
+            parts = []
+            if t_lb is not None and floor is not None:
+                parts.append(f"floor {floor:.1f} us, {floor / t_lb.median_us:.2f} reached")
+            elif floor is not None:
+                parts.append(f"floor {floor:.1f} us")
+            if t_an is not None:
+                ar = flops / (t_an.median_us * 1e-6) / 1e12
+                parts.append(f"anchor {ar:.1f} TFLOP/s" + (f" = {100 * ar / self.peak:.0f}% peak" if self.peak else ""))
+            parts.append(info)
+            check = []
+            error = ""
+            if status == "na":
+                check.append(NA)
+                parts.append(f"lowbit: {msg}")
+            elif status == "error":
+                error = f"lowbit: {msg}"
+            elif lb_check:
+                check.append(lb_check)
+            if an_check:
+                check.append(an_check)
+            if an_err:
+                error = (error + "; " if error else "") + f"anchor: {an_err}"
+            self.report.add(Row(
+                op=op, shape=shape, lowbit_us=t_lb.median_us if t_lb else None, anchor=name,
+                anchor_us=t_an.median_us if t_an else None,
+                ratio=(t_an.median_us / t_lb.median_us) if (t_lb and t_an) else None,
+                rate=rate, rate_unit="TFLOP/s", frac_ceiling=frac, ceiling="bf16_tflops", flops=flops,
+                bytes=floor_bytes, lowbit_p10_us=t_lb.p10_us if t_lb else None,
+                lowbit_p90_us=t_lb.p90_us if t_lb else None, anchor_p10_us=t_an.p10_us if t_an else None,
+                anchor_p90_us=t_an.p90_us if t_an else None,
+                timing=(t_lb or t_an).mode if (t_lb or t_an) else "", check=" ".join(check),
+                note="; ".join(p for p in parts if p), error=error))
+
+    def skip(self, op, shape, why="skipped: time budget"):
+        self.report.add(Row(op=op, shape=shape, anchor="-", error=why))
+
+    # -- the grouped GEMMs ----------------------------------------------------------------------
+    def gemm_model(self, model, gemm, tokens):
+        G = MODELS[model]
+        N, K = GEMMS[gemm]
+        ops = [f"moe_{gemm}_w4a8", f"moe_{gemm}_w4a16"]
+        if self.over_budget():
+            for T in tokens:
+                for op in ops:
+                    self.skip(op, f"{model}/T{T}")
+            return
+        codes, scales = self.weights(model, gemm)
+        if self.args.b_scale_layout == "blocked128x4":
+            b_scale, how = blocked_scales(scales)
+            self.report.meta.setdefault("weight scales (blocked128x4)", how)
+        else:
+            b_scale = scales
+        w16 = dequant_bf16(codes, scales)
+        w16t = w16.transpose(-2, -1)  # [G, K, N], K-major: the mat_b layout of torch._grouped_mm
+        # bytes of one expert's packed weights and scales (unpadded scale count: a lower bound)
+        w_bytes = N * K // 2 + N * K // 32
+        try:
+            for T in tokens:
+                shape = f"{model}/T{T}"
+                if self.over_budget():
+                    for op in ops:
+                        self.skip(op, shape)
+                    continue
+                try:
+                    self.gemm_shape(model, gemm, T, G, N, K, codes, b_scale, w16, w16t, w_bytes, ops, shape)
+                except Exception as ex:  # noqa: BLE001
+                    self.report.add(Row(op=f"moe_{gemm}", shape=shape, anchor="-", error="bench: " + _err(ex)))
+                    if self.args.verbose:
+                        traceback.print_exc()
+                torch.cuda.empty_cache()
+        finally:
+            del codes, scales, b_scale, w16, w16t
+            torch.cuda.empty_cache()
+
+    def gemm_shape(self, model, gemm, T, G, N, K, codes, b_scale, w16, w16t, w_bytes, ops, shape):
+        dev = self.dev
+        r = make_routing(T, G, seed=17 * T + G, dev=dev)
+        cum_m, active = r["cum_m"], r["active"]
+        gen = torch.Generator(device=dev).manual_seed(31 * T + N + K)
+        if gemm == "gate_up":
+            x = torch.randn((T, K), device=dev, generator=gen).to(torch.bfloat16)
+            a16 = x.index_select(0, r["tok"]).contiguous()  # expert-sorted rows
+        else:
+            a16 = torch.randn((cum_m, K), device=dev, generator=gen).to(torch.bfloat16)
+        flops = 2.0 * cum_m * N * K
+        info = f"active {active}/{G} experts, cum_m {cum_m}"
+
+        # anchors
+        anchors = []
+        out_loop = torch.empty((cum_m, N), dtype=torch.bfloat16, device=dev)
+        jobs = [(a16[s:e], w16[g].t(), out_loop[s:e])
+                for g, (s, e) in enumerate(zip(r["starts"][:-1], r["starts"][1:])) if e > s]
+
+        def loop():
+            for a, w, o in jobs:
+                torch.mm(a, w, out=o)
+            return out_loop
+
+        t_loop, e_loop, ref_loop = self.run_anchor(loop, T)
+        if self.gmm is None:
+            anchors.append(("torch_grouped_mm_bf16", None,
+                            f"skipped: torch {torch.__version__} has neither torch._grouped_mm nor "
+                            "torch.nn.functional.grouped_mm", ""))
+            ref_gmm = None
+        else:
+            offs = r["offs"]
+            t_gmm, e_gmm, ref_gmm = self.run_anchor(lambda: self.gmm(a16, w16t, offs=offs), T)
+            chk = f"gmm~loop={rel_l2(ref_gmm, ref_loop):.1e}" if (ref_gmm is not None and ref_loop is not None) else ""
+            anchors.append(("torch_grouped_mm_bf16", t_gmm, e_gmm, chk))
+        anchors.append(("torch_loop_bf16", t_loop, e_loop, ""))
+        ref = ref_loop if ref_loop is not None else ref_gmm
+
+        out = torch.empty((cum_m, N), dtype=torch.bfloat16, device=dev)
+        lay = self.args.b_scale_layout
+        # memory floor: active experts' weights + scales, activations (+ scales), m_indptr, output
+        common = active * w_bytes + (G + 1) * 4 + cum_m * N * 2
+
+        # W4A8: MXFP8 activations
+        lb = (None, "error", "lowbit not importable", "")
+        if lowbit is not None:
+            try:
+                qa, qs, how, qobj = quantize_acts(a16, r["m_indptr"])
+                self.report.meta.setdefault("activation quantize", how)
+                ind = r["m_indptr"]
+                t, st, msg, o = self.run_lowbit(
+                    lambda: lowbit.group_gemm_mxfp4_nt_groupwise(
+                        qa, codes, qs, b_scale, ind, "bfloat16", a_scale_layout="blocked128x4",
+                        b_scale_layout=lay, group_pad="flashinfer", out=out), T)
+                chk = ""
+                if o is not None:
+                    # reference: the bf16 loop on the dequantized MXFP8 activations (kernel error only)
+                    a_dq = dequant_acts(qobj, dev)
+                    if a_dq is not None:
+                        ref8 = loop_gemm(a_dq, w16, r["starts"], torch.empty_like(out))
+                        chk = f"rel_l2={rel_l2(o, ref8):.1e}"
+                        del a_dq, ref8
+                    elif ref is not None:
+                        chk = f"rel_l2={rel_l2(o, ref):.1e}(bf16 acts)"
+                lb = (t, st, msg, chk)
+                del qa, qs, qobj
+            except Exception as ex:  # noqa: BLE001
+                lb = (None, "na" if _not_implemented(ex) else "error", "activations: " + _err(ex), "")
+        self.emit(ops[0], shape, lb, anchors, flops, common + cum_m * K + cum_m * K // 32, info)
+
+        # W4A16: bf16 activations
+        lb = (None, "error", "lowbit not importable", "")
+        if lowbit is not None:
+            ind = r["m_indptr"]
+            t, st, msg, o = self.run_lowbit(
+                lambda: lowbit.group_gemm_mxfp4_nt_groupwise(a16, codes, None, b_scale, ind, "bfloat16",
+                                                             b_scale_layout=lay, out=out), T)
+            chk = f"rel_l2={rel_l2(o, ref):.1e}" if (o is not None and ref is not None) else ""
+            lb = (t, st, msg, chk)
+        self.emit(ops[1], shape, lb, anchors, flops, common + cum_m * K * 2, info)
+
+    # -- the whole MLP --------------------------------------------------------------------------
+    def mlp_model(self, model, tokens):
+        E = MODELS[model]
+        ops = ["moe_mlp_bf16", "moe_mlp_mxfp8"]
+        if self.over_budget():
+            for T in tokens:
+                for op in ops:
+                    self.skip(op, f"{model}/T{T}")
+            return
+        dev = self.dev
+        w1, w1s = self.weights(model, "gate_up")  # [E, 2I, H/2], [E, 2I, H/32]
+        w2, w2s = self.weights(model, "down")  # [E, H, I/2], [E, H, I/32]
+        gen = torch.Generator(device=dev).manual_seed(4242 + E)
+        b1 = (0.1 * torch.randn((E, 2 * INTER), device=dev, generator=gen)).to(torch.bfloat16)
+        b2 = (0.1 * torch.randn((E, HIDDEN), device=dev, generator=gen)).to(torch.bfloat16)
+        W1 = dequant_bf16(w1, w1s)
+        W2 = dequant_bf16(w2, w2s)
+        try:
+            for T in tokens:
+                shape = f"{model}/T{T}"
+                if self.over_budget():
+                    for op in ops:
+                        self.skip(op, shape)
+                    continue
+                try:
+                    self.mlp_shape(model, T, E, w1, w1s, b1, w2, w2s, b2, W1, W2, ops, shape)
+                except Exception as ex:  # noqa: BLE001
+                    self.report.add(Row(op="moe_mlp", shape=shape, anchor="-", error="bench: " + _err(ex)))
+                    if self.args.verbose:
+                        traceback.print_exc()
+                torch.cuda.empty_cache()
+        finally:
+            del w1, w1s, w2, w2s, b1, b2, W1, W2
+            torch.cuda.empty_cache()
+
+    def mlp_shape(self, model, T, E, w1, w1s, b1, w2, w2s, b2, W1, W2, ops, shape):
+        dev = self.dev
+        H, I = HIDDEN, INTER
+        r = make_routing(T, E, seed=17 * T + E, dev=dev)
+        cum_m, active = r["cum_m"], r["active"]
+        gen = torch.Generator(device=dev).manual_seed(77 * T + E)
+        x = torch.randn((T, H), device=dev, generator=gen).to(torch.bfloat16)
+        ids, wts = r["ids"], r["weights"]
+        W1t, W2t = W1.transpose(-2, -1), W2.transpose(-2, -1)
+        b1f, b2f = b1.float(), b2.float()
+        gmm = self.gmm
+
+        def eager(grouped: bool, qdq=None):
+            flat = ids.reshape(-1).long()
+            order = torch.argsort(flat, stable=True)
+            eid = flat[order]
+            tok = order // TOPK
+            wrow = wts.reshape(-1)[order]
+            xs = x.index_select(0, tok)
+            if qdq is not None:
+                xs = qdq(xs)
+            if grouped:
+                counts = torch.zeros(E, dtype=torch.int64, device=dev).index_add_(0, flat, torch.ones_like(flat))
+                offs = counts.cumsum(0).to(torch.int32)
+                h = gmm(xs, W1t, offs=offs)
+            else:
+                counts = torch.bincount(flat, minlength=E).tolist()
+                h = torch.empty((cum_m, 2 * I), dtype=torch.bfloat16, device=dev)
+                s = 0
+                for e, c in enumerate(counts):
+                    if c:
+                        torch.mm(xs[s:s + c], W1[e].t(), out=h[s:s + c])
+                        s += c
+            h = h.float() + b1f.index_select(0, eid)
+            g = h[:, 0::2].clamp(max=LIMIT)
+            u = h[:, 1::2].clamp(min=-LIMIT, max=LIMIT)
+            y = (g * torch.sigmoid(ALPHA * g) * (u + 1.0)).to(torch.bfloat16)
+            if qdq is not None:
+                y = qdq(y)
+            if grouped:
+                o = gmm(y, W2t, offs=offs)
+            else:
+                o = torch.empty((cum_m, H), dtype=torch.bfloat16, device=dev)
+                s = 0
+                for e, c in enumerate(counts):
+                    if c:
+                        torch.mm(y[s:s + c], W2[e].t(), out=o[s:s + c])
+                        s += c
+            o = (o.float() + b2f.index_select(0, eid)) * wrow[:, None]
+            return torch.zeros((T, H), dtype=torch.float32, device=dev).index_add_(0, tok, o).to(torch.bfloat16)
+
+        anchors = []
+        t_loop, e_loop, ref_loop = self.run_anchor(lambda: eager(False), T)
+        if gmm is None:
+            anchors.append(("torch_eager_grouped_mm", None,
+                            f"skipped: torch {torch.__version__} has neither torch._grouped_mm nor "
+                            "torch.nn.functional.grouped_mm", ""))
+            ref_gmm = None
+        else:
+            t_gmm, e_gmm, ref_gmm = self.run_anchor(lambda: eager(True), T)
+            chk = f"gmm~loop={rel_l2(ref_gmm, ref_loop):.1e}" if (ref_gmm is not None and ref_loop is not None) else ""
+            anchors.append(("torch_eager_grouped_mm", t_gmm, e_gmm, chk))
+        anchors.append(("torch_eager_loop", t_loop, e_loop, ""))
+        ref = ref_loop if ref_loop is not None else ref_gmm
+
+        flops = 2.0 * cum_m * (2 * I * H + H * I)
+        per_expert = (2 * I * H // 2 + 2 * I * H // 32 + 2 * I * 2) + (H * I // 2 + H * I // 32 + H * 2)
+        floor_bytes = active * per_expert + T * H * 2 + T * TOPK * 8 + T * H * 2
+        info = f"active {active}/{E} experts, T {T}"
+        out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
+        for op, act in zip(ops, ("bf16", "mxfp8")):
+            lb = (None, "error", "lowbit not importable", "")
+            if lowbit is not None:
+                t, st, msg, o = self.run_lowbit(
+                    lambda: lowbit.gpt_oss_moe_mlp(x, ids, wts, w1, w1s, b1, w2, w2s, b2, alpha=ALPHA, limit=LIMIT,
+                                                   act=act, out=out), T)
+                chk = ""
+                if o is not None and act == "mxfp8":
+                    # reference: the eager loop with the two GEMM inputs through MXFP8 and back
+                    try:
+                        chk = f"rel_l2={rel_l2(o, eager(False, qdq_mxfp8)):.1e}"
+                    except Exception:  # noqa: BLE001
+                        chk = f"rel_l2={rel_l2(o, ref):.1e}(bf16 acts)" if ref is not None else ""
+                elif o is not None and ref is not None:
+                    chk = f"rel_l2={rel_l2(o, ref):.1e}"
+                lb = (t, st, msg, chk)
+            self.emit(op, shape, lb, anchors, flops, floor_bytes, info)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    add_common_args(p)
+    p.add_argument("--models", default="20b,120b", help="models of the grouped GEMM part (default 20b,120b)")
+    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
+                   help=f"tokens T of the grouped GEMM part, cum_m = 4 T (default {','.join(map(str, DEFAULT_TOKENS))})")
+    p.add_argument("--gemms", default="gate_up,down", help="GEMMs: gate_up (N=5760, K=2880), down (N=2880, K=2880)")
+    p.add_argument("--mlp-models", default="20b", help="models of the MLP part (default 20b)")
+    p.add_argument("--mlp-tokens", default=",".join(map(str, DEFAULT_MLP_TOKENS)),
+                   help=f"tokens T of the MLP part (default {','.join(map(str, DEFAULT_MLP_TOKENS))})")
+    p.add_argument("--no-gemm", action="store_true", help="skip the grouped GEMM part")
+    p.add_argument("--no-mlp", action="store_true", help="skip the MLP part")
+    p.add_argument("--b-scale-layout", choices=("blocked128x4", "row_major"), default="blocked128x4",
+                   help="weight scale layout given to the grouped GEMM (default blocked128x4)")
+    p.add_argument("--weight-scales", default="118:127",
+                   help="LO:HI, inclusive range of the random UE8M0 weight scale bytes (default 118:127)")
+    p.add_argument("--small-timing", choices=("device", "host"), default="device",
+                   help="T <= 16: 'host' syncs before each call so launch overhead counts (default device)")
+    p.add_argument("--max-seconds", type=float, default=10.0, help="cap on the timed loop of one measurement")
+    p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
+    args = p.parse_args(argv)
+    try:
+        lo, hi = (int(v) for v in args.weight_scales.split(":"))
+        if not 0 <= lo <= hi <= 254:
+            raise ValueError
+    except ValueError:
+        p.error(f"--weight-scales: expected LO:HI with 0 <= LO <= HI <= 254, got {args.weight_scales!r}")
+    args.weight_scales = (lo, hi)
+    args.models = _names(p, args.models, MODELS, "model")
+    args.mlp_models = _names(p, args.mlp_models, MODELS, "model")
+    args.gemms = _names(p, args.gemms, GEMMS, "GEMM")
+    if args.quick and args.models == ["20b", "120b"]:
+        args.models = ["20b"]
+    tokens_default = args.tokens == ",".join(map(str, DEFAULT_TOKENS))
+    mlp_default = args.mlp_tokens == ",".join(map(str, DEFAULT_MLP_TOKENS))
+    try:
+        args.tokens = QUICK_TOKENS if (args.quick and tokens_default) else _ints(args.tokens)
+        args.mlp_tokens = QUICK_MLP_TOKENS if (args.quick and mlp_default) else _ints(args.mlp_tokens)
+    except ValueError:
+        p.error(f"--tokens / --mlp-tokens: expected comma-separated integers, got {args.tokens!r} / {args.mlp_tokens!r}")
+    if any(t <= 0 for t in args.tokens + args.mlp_tokens):
+        p.error("token counts must be positive")
+    return args
+
+
+def main(argv=None) -> int:
+    global torch, lowbit
+    args = parse_args(argv)
+    try:
+        import torch as _torch
+    except Exception as ex:  # noqa: BLE001
+        print(f"torch is not importable ({_err(ex)}): nothing to time (this benchmark needs torch with CUDA)",
+              file=sys.stderr)
+        return 2
+    torch = _torch
+    if not torch.cuda.is_available():
+        print("CUDA is not available: nothing to time (this benchmark needs an H100 / H200 with torch CUDA)",
+              file=sys.stderr)
+        return 2
+    try:
+        import lowbit as _lowbit
+
+        lowbit = _lowbit
+    except Exception as ex:  # noqa: BLE001
+        print(f"lowbit not importable ({_err(ex)}): its rows will carry the error", file=sys.stderr)
+        lowbit = None
+    dev = torch.device("cuda")
+    ceilings = measure_ceilings(quick=args.quick)
+    gmm = grouped_mm_op()
+    lo, hi = args.weight_scales
+    meta = {
+        "timing": (f"CUDA events, median of {args.iters if not args.quick else max(5, args.iters // 3)}, "
+                   f"L2 {'not ' if args.no_flush else ''}flushed; T <= 16: {args.small_timing}"),
+        "shapes": (f"hidden {HIDDEN}, intermediate {INTER}, top-{TOPK}; gate_up N={2 * INTER} K={HIDDEN}, "
+                   f"down N={HIDDEN} K={INTER}; experts " + ", ".join(f"{m}: {e}" for m, e in MODELS.items())),
+        "routing": "randn router logits, top-4 distinct experts per token, softmax of the 4 logits",
+        "weights": (f"random E2M1 codes, UE8M0 scale bytes uniform in [{lo}, {hi}]; grouped GEMM b_scale "
+                    f"{args.b_scale_layout}; MLP scales row-major; anchors on the bf16 dequantized weights"),
+        "activations": "bf16 randn; W4A8: MXFP8 E4M3 (lowbit.quantize, RCEIL, grouped 128x4 FlashInfer pad), "
+                       "quantize not timed",
+        "grouped_mm": (f"{getattr(gmm, '__module__', '')}.{getattr(gmm, '__name__', '')}, mat_b = W[G,N,K]"
+                       ".transpose(-2,-1), offs = m_indptr[1:] int32" if gmm is not None
+                       else f"not available in torch {torch.__version__}: its rows are skipped"),
+        "floor": "active experts' packed weights + scales (+ biases) + activations + output, / copy bandwidth",
+    }
+    report = Report(BENCH, json_path=args.json, meta=meta, ceilings=ceilings)
+    bench = Bench(args, report, dev)
+
+    if not args.no_gemm:
+        for model in args.models:
+            for gemm in args.gemms:
+                try:
+                    bench.gemm_model(model, gemm, args.tokens)
+                except Exception as ex:  # noqa: BLE001
+                    report.add(Row(op=f"moe_{gemm}", shape=model, anchor="-", error="bench: " + _err(ex)))
+                    if args.verbose:
+                        traceback.print_exc()
+                    torch.cuda.empty_cache()
+    if not args.no_mlp:
+        for model in args.mlp_models:
+            try:
+                bench.mlp_model(model, args.mlp_tokens)
+            except Exception as ex:  # noqa: BLE001
+                report.add(Row(op="moe_mlp", shape=model, anchor="-", error="bench: " + _err(ex)))
+                if args.verbose:
+                    traceback.print_exc()
+                torch.cuda.empty_cache()
+
+    key = f"weight scale bytes outside the fast-path window [{FAST_WINDOW[0]}, {FAST_WINDOW[1]}]"
+    if bench.scale_bytes:
+        frac = bench.scale_outside / bench.scale_bytes
+        window = f"{frac:.6f} ({bench.scale_outside} of {bench.scale_bytes} bytes)"
+    else:
+        window = "no weights generated"
+    report.print_table(f"== {BENCH} summary ==")
+    print(f"# {key}: {window}")
+    report.meta[key] = window
+    report.write_json()
+    if report.json_path:
+        print(f"# JSON: {report.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
