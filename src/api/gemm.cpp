@@ -6,8 +6,8 @@
 #include "api/check.hpp"
 #include "lowbit/gemm.hpp"
 #include "ref/ref_gemm.hpp"
+#include "cuda/gemm/launch_gemm.hpp"  // declarations only: called (and defined) only in CUDA + CUTLASS builds
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-#include "cuda/gemm/launch_gemm.hpp"
 #include "cuda/launch.hpp"
 #endif
 
@@ -16,17 +16,24 @@ using namespace detail;
 
 namespace {
 
-#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-/// Runs a CUDA launcher (returns a cudaError_t as int) with the tensors' device current.
+/// Runs a CUDA launcher (returns a cudaError_t as int) with the tensors' device current; a build
+/// without the sm_90a GEMM kernels refuses.
 template <typename F>
 void run_on_device(const Checker& c, F&& launch) {
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
   const cuda::DeviceGuard guard(c.dev_id);  // the tensors' device, whatever the caller's current one
   if (guard.error() != 0)
     throw CudaError(std::string(c.op) + ": cannot make cuda:" + std::to_string(c.dev_id) + " current: " +
                     cuda::error_string(guard.error()));
   const int err = launch();
   if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
+#else
+  (void)launch;
+  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
+#endif
 }
+
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
 /// The CUDA kernels read weight rows with 16-byte copies.
 void require_aligned16(const Checker& c, const TensorView& t, const char* arg, std::initializer_list<int64_t> byte_strides) {
   bool ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
@@ -117,12 +124,7 @@ void nvfp4_dual_gemm_prepack(const DualGemmArgs& x, const TensorView& packed, St
   c.dense(packed, "packed", nvfp4_dual_gemm_packed_bytes(p.N, p.K, p.L));
   c.no_overlap({{"packed", &packed}}, {{"b1", &x.b1}, {"b2", &x.b2}, {"sfb1", &x.sfb1}, {"sfb2", &x.sfb2}});
   if (c.dev != Device::kCUDA) c.fail("packed", "prepacking produces the CUDA kernel's layout: pass CUDA tensors");
-#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
   run_on_device(c, [&] { return cuda::nvfp4_dual_gemm_prepack(p, packed.ptr<uint8_t>(), stream.handle); });
-#else
-  (void)stream;
-  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
-#endif
 }
 
 void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
@@ -181,12 +183,7 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
     ref::nvfp4_dual_gemm_silu(p);
     return;
   }
-#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
   run_on_device(c, [&] { return cuda::nvfp4_dual_gemm(p, prepacked ? x.packed_b.ptr<uint8_t>() : nullptr, stream.handle); });
-#else
-  (void)stream;
-  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
-#endif
 }
 
 }  // namespace lowbit
@@ -265,11 +262,8 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   require_aligned16(c, x.b, "b", {p.b_sG, p.b_sN});
   if (x.b_scale_layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0)
     c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + x.b_scale.describe());
-  run_on_device(c, [&] { return cuda::group_gemm_mxfp4(p, stream.handle); });
-#else
-  (void)stream;
-  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
 #endif
+  run_on_device(c, [&] { return cuda::group_gemm_mxfp4(p, stream.handle); });
 }
 
 }  // namespace lowbit
@@ -362,11 +356,8 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   require_aligned16(c, x.w2, "w2", {p.w2_sE, p.w2_sR});
   if (E > 4096) c.fail("w1", "the CUDA MLP routes at most 4096 experts, got E = " + std::to_string(E));
   if (T * k >= (int64_t(1) << 31)) c.fail("topk_ids", "T * k must be below 2^31 routed rows");
-  run_on_device(c, [&] { return cuda::gpt_oss_moe_mlp(p, stream.handle); });
-#else
-  (void)stream;
-  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
 #endif
+  run_on_device(c, [&] { return cuda::gpt_oss_moe_mlp(p, stream.handle); });
 }
 
 }  // namespace lowbit

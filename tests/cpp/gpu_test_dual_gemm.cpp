@@ -8,37 +8,15 @@
 #include <random>
 #include <vector>
 
+#include "gpu_test_util.hpp"
 #include "lowbit/gemm.hpp"
 
 using namespace lowbit;
 
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(const std::vector<T>& h) : n(h.size()) {
-    cudaMalloc(&p, n * sizeof(T) + 16);
-    cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  explicit Dev(size_t count) : n(count) { cudaMalloc(&p, n * sizeof(T) + 16); }
-  ~Dev() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
+using gputest::Dev;
+using gputest::have_gpu;
 
 enum class Dist { kGpuMode, kAllCodes };
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.hpp"
 #include "lowbit/gemm.hpp"
 #include "ref_formats.hpp"
 
@@ -20,27 +21,8 @@ using namespace lowbit;
 
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(const std::vector<T>& h) : n(h.size()) {
-    cudaMalloc(&p, n * sizeof(T) + 16);
-    cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
+using gputest::Dev;
+using gputest::have_gpu;
 
 enum class Act { kE4M3, kE5M2, kBF16 };
 /// Scale bytes written directly (after FLOOR quantization of randn operands):
