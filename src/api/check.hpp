@@ -2,6 +2,7 @@
 // throws ArgumentError naming the op, the argument and what was expected.
 #pragma once
 
+#include <algorithm>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -69,9 +70,28 @@ struct Checker {
       fail(arg, "expected " + std::to_string(numel) + " elements for this layout and shape, got " + t.describe());
   }
 
-  /// Outputs must not overlap each other or any input.
+  /// False when two index tuples of `t` address the same element (a zero stride on a dimension of
+  /// size > 1, or strides that interleave): dimensions sorted by |stride| must each step past
+  /// everything the smaller ones span. Interleaved layouts that happen not to collide are refused too.
+  static bool non_self_overlapping(const TensorView& t) {
+    std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size) of dimensions of size > 1
+    for (int d = 0; d < t.ndim; ++d)
+      if (t.shape[d] > 1) dims.emplace_back(t.strides[d] < 0 ? -t.strides[d] : t.strides[d], t.shape[d]);
+    std::sort(dims.begin(), dims.end());
+    int64_t span = 0;  // elements spanned by the dimensions so far, minus one
+    for (auto& [st, n] : dims) {
+      if (st <= span) return false;
+      span += st * (n - 1);
+    }
+    return true;
+  }
+
+  /// Outputs must not overlap each other or any input, nor themselves.
   using Named = std::vector<std::pair<const char*, const TensorView*>>;
   void no_overlap(const Named& outs, const Named& ins) {
+    for (auto& o : outs)
+      if (o.second->present() && o.second->numel() > 1 && !non_self_overlapping(*o.second))
+        fail(o.first, "has elements that share memory (a zero or interleaved stride): " + o.second->describe());
     auto ext = [](const TensorView* t, int64_t* lo, int64_t* hi) {
       t->byte_extent(lo, hi);
       *lo += reinterpret_cast<intptr_t>(t->data);

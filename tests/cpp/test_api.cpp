@@ -151,6 +151,16 @@ TEST(Api, Overlap) {
   expect_arg_error([&] {
     dequantize(TensorView(b.out.data(), DType::kE4M3, {4, 64}), b.sv(), kMx, ScaleLayout::row_major(), b.ov());
   }, "out", b, "overlaps");
+  // outputs whose own elements alias: a zero row stride, rows interleaved by a too-small stride
+  expect_arg_error([&] {
+    quantize(b.xv(), kMx, ScaleLayout::row_major(), TensorView(b.q.data(), DType::kE4M3, {4, 64}, {0, 1}), b.sv());
+  }, "q", b, "share memory");
+  expect_arg_error([&] {
+    dequantize(b.qv(), b.sv(), kMx, ScaleLayout::row_major(), TensorView(b.out.data(), DType::kFloat32, {4, 64}, {32, 1}));
+  }, "out", b, "share memory");
+  // a size-1 dimension may have any stride
+  quantize(TensorView(b.x.data(), DType::kFloat32, {1, 64}), kMx, ScaleLayout::row_major(),
+           TensorView(b.q.data(), DType::kE4M3, {1, 64}, {0, 1}), TensorView(b.s.data(), DType::kUE8M0, {1, 2}));
 }
 
 TEST(Api, ZeroPointsAndGlobalAmax) {
