@@ -11,11 +11,13 @@ Per (model, T, GEMM), in one process:
   moe_<gemm>_w4a8    lowbit.group_gemm_mxfp4_nt_groupwise, MXFP8 E4M3 activations (lowbit.quantize,
                      UE8M0 scales grouped 128x4 with FlashInfer padding; quantize not timed)
   moe_<gemm>_w4a16   the same on bf16 activations
+  moe_<gemm>_w4a8_packed / _w4a16_packed   the same on weights prepared once by
+                     lowbit.group_gemm_mxfp4_prepack (not timed; check: bits equal to the plain path)
   vs torch_grouped_mm_bf16   torch._grouped_mm on the bf16 dequantized weights (mat_b = the
                              [G, N, K] weights viewed [G, K, N], K-major; offs = m_indptr[1:])
   vs torch_loop_bf16         torch.mm per non-empty expert (bf16; host offsets computed before timing)
 Per T of the MLP part (20b shapes unless --mlp-models says otherwise):
-  moe_mlp_bf16 / moe_mlp_mxfp8   lowbit.gpt_oss_moe_mlp, act="bf16" / "mxfp8"
+  moe_mlp_bf16 / moe_mlp_mxfp8   lowbit.gpt_oss_moe_mlp, act="bf16" / "mxfp8" (_packed: on prepacked weights)
   vs torch_eager_grouped_mm / torch_eager_loop   route (argsort of topk_ids) -> gather -> gate_up
      GEMM + bias -> clamped SwiGLU (alpha 1.702, limit 7, gate = h[..., 0::2], up = h[..., 1::2])
      -> down GEMM + bias -> weighted sum (index_add_), GEMMs by torch._grouped_mm / per-expert loop
@@ -333,7 +335,7 @@ class Bench:
     def gemm_model(self, model, gemm, tokens):
         G = MODELS[model]
         N, K = GEMMS[gemm]
-        ops = [f"moe_{gemm}_w4a8", f"moe_{gemm}_w4a16"]
+        ops = [f"moe_{gemm}_w4a8", f"moe_{gemm}_w4a16", f"moe_{gemm}_w4a8_packed", f"moe_{gemm}_w4a16_packed"]
         if self.over_budget():
             for T in tokens:
                 for op in ops:
@@ -347,6 +349,12 @@ class Bench:
             b_scale = scales
         w16 = dequant_bf16(codes, scales)
         w16t = w16.transpose(-2, -1)  # [G, K, N], K-major: the mat_b layout of torch._grouped_mm
+        packed = None  # group_gemm_mxfp4_prepack of the weights (load time: not timed)
+        if lowbit is not None:
+            try:
+                packed = lowbit.group_gemm_mxfp4_prepack(codes, b_scale, b_scale_layout=self.args.b_scale_layout)
+            except Exception as ex:  # noqa: BLE001
+                packed = _err(ex)
         # bytes of one expert's packed weights and scales (unpadded scale count: a lower bound)
         w_bytes = N * K // 2 + N * K // 32
         try:
@@ -357,17 +365,17 @@ class Bench:
                         self.skip(op, shape)
                     continue
                 try:
-                    self.gemm_shape(model, gemm, T, G, N, K, codes, b_scale, w16, w16t, w_bytes, ops, shape)
+                    self.gemm_shape(model, gemm, T, G, N, K, codes, b_scale, packed, w16, w16t, w_bytes, ops, shape)
                 except Exception as ex:  # noqa: BLE001
                     self.report.add(Row(op=f"moe_{gemm}", shape=shape, anchor="-", error="bench: " + _err(ex)))
                     if self.args.verbose:
                         traceback.print_exc()
                 torch.cuda.empty_cache()
         finally:
-            del codes, scales, b_scale, w16, w16t
+            del codes, scales, b_scale, w16, w16t, packed
             torch.cuda.empty_cache()
 
-    def gemm_shape(self, model, gemm, T, G, N, K, codes, b_scale, w16, w16t, w_bytes, ops, shape):
+    def gemm_shape(self, model, gemm, T, G, N, K, codes, b_scale, packed, w16, w16t, w_bytes, ops, shape):
         dev = self.dev
         r = make_routing(T, G, seed=17 * T + G, dev=dev)
         cum_m, active = r["cum_m"], r["active"]
@@ -410,48 +418,64 @@ class Bench:
         # memory floor: active experts' weights + scales, activations (+ scales), m_indptr, output
         common = active * w_bytes + (G + 1) * 4 + cum_m * N * 2
 
-        # W4A8: MXFP8 activations
-        lb = (None, "error", "lowbit not importable", "")
-        if lowbit is not None:
-            try:
-                qa, qs, how, qobj = quantize_acts(a16, r["m_indptr"])
-                self.report.meta.setdefault("activation quantize", how)
+        plain_out = {}
+        for pk in (False, True):
+            if pk and not isinstance(packed, tuple):
+                for op in ops[2:]:
+                    self.report.add(Row(op=op, shape=shape, anchor="-", error="prepack: " + str(packed)))
+                break
+            b_, s_ = packed if pk else (codes, b_scale)
+            kw = dict(b_packed=True) if pk else dict(b_scale_layout=lay)
+            sfx = "_packed" if pk else ""
+
+            def same_as_plain(o, act):  # the packed weights give the plain path's bits
+                return "" if not pk or act not in plain_out or o is None else f"==plain:{bool(torch.equal(o, plain_out[act]))}"
+
+            # W4A8: MXFP8 activations
+            lb = (None, "error", "lowbit not importable", "")
+            if lowbit is not None:
+                try:
+                    qa, qs, how, qobj = quantize_acts(a16, r["m_indptr"])
+                    self.report.meta.setdefault("activation quantize", how)
+                    ind = r["m_indptr"]
+                    t, st, msg, o = self.run_lowbit(
+                        lambda: lowbit.group_gemm_mxfp4_nt_groupwise(
+                            qa, b_, qs, s_, ind, "bfloat16", a_scale_layout="blocked128x4", group_pad="flashinfer",
+                            out=out, **kw), T)
+                    chk = same_as_plain(o, "a8")
+                    if o is not None and not pk:
+                        plain_out["a8"] = o.clone()
+                        # reference: the bf16 loop on the dequantized MXFP8 activations (kernel error only)
+                        a_dq = dequant_acts(qobj, dev)
+                        if a_dq is not None:
+                            ref8 = loop_gemm(a_dq, w16, r["starts"], torch.empty_like(out))
+                            chk = f"rel_l2={rel_l2(o, ref8):.1e}"
+                            del a_dq, ref8
+                        elif ref is not None:
+                            chk = f"rel_l2={rel_l2(o, ref):.1e}(bf16 acts)"
+                    lb = (t, st, msg, chk)
+                    del qa, qs, qobj
+                except Exception as ex:  # noqa: BLE001
+                    lb = (None, "na" if _not_implemented(ex) else "error", "activations: " + _err(ex), "")
+            self.emit(ops[0] + sfx, shape, lb, anchors, flops, common + cum_m * K + cum_m * K // 32, info)
+
+            # W4A16: bf16 activations
+            lb = (None, "error", "lowbit not importable", "")
+            if lowbit is not None:
                 ind = r["m_indptr"]
                 t, st, msg, o = self.run_lowbit(
-                    lambda: lowbit.group_gemm_mxfp4_nt_groupwise(
-                        qa, codes, qs, b_scale, ind, "bfloat16", a_scale_layout="blocked128x4",
-                        b_scale_layout=lay, group_pad="flashinfer", out=out), T)
-                chk = ""
-                if o is not None:
-                    # reference: the bf16 loop on the dequantized MXFP8 activations (kernel error only)
-                    a_dq = dequant_acts(qobj, dev)
-                    if a_dq is not None:
-                        ref8 = loop_gemm(a_dq, w16, r["starts"], torch.empty_like(out))
-                        chk = f"rel_l2={rel_l2(o, ref8):.1e}"
-                        del a_dq, ref8
-                    elif ref is not None:
-                        chk = f"rel_l2={rel_l2(o, ref):.1e}(bf16 acts)"
+                    lambda: lowbit.group_gemm_mxfp4_nt_groupwise(a16, b_, None, s_, ind, "bfloat16", out=out, **kw), T)
+                chk = same_as_plain(o, "a16")
+                if o is not None and not pk:
+                    plain_out["a16"] = o.clone()
+                    chk = f"rel_l2={rel_l2(o, ref):.1e}" if ref is not None else ""
                 lb = (t, st, msg, chk)
-                del qa, qs, qobj
-            except Exception as ex:  # noqa: BLE001
-                lb = (None, "na" if _not_implemented(ex) else "error", "activations: " + _err(ex), "")
-        self.emit(ops[0], shape, lb, anchors, flops, common + cum_m * K + cum_m * K // 32, info)
-
-        # W4A16: bf16 activations
-        lb = (None, "error", "lowbit not importable", "")
-        if lowbit is not None:
-            ind = r["m_indptr"]
-            t, st, msg, o = self.run_lowbit(
-                lambda: lowbit.group_gemm_mxfp4_nt_groupwise(a16, codes, None, b_scale, ind, "bfloat16",
-                                                             b_scale_layout=lay, out=out), T)
-            chk = f"rel_l2={rel_l2(o, ref):.1e}" if (o is not None and ref is not None) else ""
-            lb = (t, st, msg, chk)
-        self.emit(ops[1], shape, lb, anchors, flops, common + cum_m * K * 2, info)
+            self.emit(ops[1] + sfx, shape, lb, anchors, flops, common + cum_m * K * 2, info)
 
     # -- the whole MLP --------------------------------------------------------------------------
     def mlp_model(self, model, tokens):
         E = MODELS[model]
-        ops = ["moe_mlp_bf16", "moe_mlp_mxfp8"]
+        ops = ["moe_mlp_bf16", "moe_mlp_mxfp8", "moe_mlp_bf16_packed", "moe_mlp_mxfp8_packed"]
         if self.over_budget():
             for T in tokens:
                 for op in ops:
@@ -465,6 +489,13 @@ class Bench:
         b2 = (0.1 * torch.randn((E, HIDDEN), device=dev, generator=gen)).to(torch.bfloat16)
         W1 = dequant_bf16(w1, w1s)
         W2 = dequant_bf16(w2, w2s)
+        packed = None
+        if lowbit is not None:
+            try:
+                packed = (lowbit.group_gemm_mxfp4_prepack(w1, w1s, b_scale_layout="row_major")
+                          + lowbit.group_gemm_mxfp4_prepack(w2, w2s, b_scale_layout="row_major"))
+            except Exception as ex:  # noqa: BLE001
+                packed = _err(ex)
         try:
             for T in tokens:
                 shape = f"{model}/T{T}"
@@ -473,17 +504,17 @@ class Bench:
                         self.skip(op, shape)
                     continue
                 try:
-                    self.mlp_shape(model, T, E, w1, w1s, b1, w2, w2s, b2, W1, W2, ops, shape)
+                    self.mlp_shape(model, T, E, w1, w1s, b1, w2, w2s, b2, W1, W2, packed, ops, shape)
                 except Exception as ex:  # noqa: BLE001
                     self.report.add(Row(op="moe_mlp", shape=shape, anchor="-", error="bench: " + _err(ex)))
                     if self.args.verbose:
                         traceback.print_exc()
                 torch.cuda.empty_cache()
         finally:
-            del w1, w1s, w2, w2s, b1, b2, W1, W2
+            del w1, w1s, w2, w2s, b1, b2, W1, W2, packed
             torch.cuda.empty_cache()
 
-    def mlp_shape(self, model, T, E, w1, w1s, b1, w2, w2s, b2, W1, W2, ops, shape):
+    def mlp_shape(self, model, T, E, w1, w1s, b1, w2, w2s, b2, W1, W2, packed, ops, shape):
         dev = self.dev
         H, I = HIDDEN, INTER
         r = make_routing(T, E, seed=17 * T + E, dev=dev)
@@ -553,21 +584,31 @@ class Bench:
         floor_bytes = active * per_expert + T * H * 2 + T * TOPK * 8 + T * H * 2
         info = f"active {active}/{E} experts, T {T}"
         out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
-        for op, act in zip(ops, ("bf16", "mxfp8")):
+        plain_out = {}
+        for op, act, pk in zip(ops, ("bf16", "mxfp8") * 2, (False, False, True, True)):
+            if pk and not isinstance(packed, tuple):
+                self.report.add(Row(op=op, shape=shape, anchor="-", error="prepack: " + str(packed)))
+                continue
+            ws = packed if pk else (w1, w1s, w2, w2s)
             lb = (None, "error", "lowbit not importable", "")
             if lowbit is not None:
                 t, st, msg, o = self.run_lowbit(
-                    lambda: lowbit.gpt_oss_moe_mlp(x, ids, wts, w1, w1s, b1, w2, w2s, b2, alpha=ALPHA, limit=LIMIT,
-                                                   act=act, out=out), T)
+                    lambda: lowbit.gpt_oss_moe_mlp(x, ids, wts, ws[0], ws[1], b1, ws[2], ws[3], b2, alpha=ALPHA,
+                                                   limit=LIMIT, act=act, out=out, packed=pk), T)
                 chk = ""
-                if o is not None and act == "mxfp8":
+                if pk:  # prepacked weights give the plain path's bits
+                    if o is not None and act in plain_out:
+                        chk = f"==plain:{bool(torch.equal(o, plain_out[act]))}"
+                elif o is not None and act == "mxfp8":
+                    plain_out[act] = o.clone()
                     # reference: the eager loop with the two GEMM inputs through MXFP8 and back
                     try:
                         chk = f"rel_l2={rel_l2(o, eager(False, qdq_mxfp8)):.1e}"
                     except Exception:  # noqa: BLE001
                         chk = f"rel_l2={rel_l2(o, ref):.1e}(bf16 acts)" if ref is not None else ""
-                elif o is not None and ref is not None:
-                    chk = f"rel_l2={rel_l2(o, ref):.1e}"
+                elif o is not None:
+                    plain_out[act] = o.clone()
+                    chk = f"rel_l2={rel_l2(o, ref):.1e}" if ref is not None else ""
                 lb = (t, st, msg, chk)
             self.emit(op, shape, lb, anchors, flops, floor_bytes, info)
 

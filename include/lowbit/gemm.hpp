@@ -67,10 +67,21 @@ struct GroupGemmArgs {
   ScaleLayout b_scale_layout = ScaleLayout::blocked128x4();
   TensorView m_indptr;  ///< int32 / int64 [G+1], m_indptr[0] = 0, non-decreasing, m_indptr[G] = cum_m
   TensorView out;       ///< [cum_m, N] bfloat16 / float16
+  /// b / b_scale are the outputs of group_gemm_mxfp4_prepack (contiguous [G, Np, Kp/2] and
+  /// [G, Np, Kp/32], lowbit/mxfp4_pack.hpp); N is taken from out, b_scale_layout is not used.
+  bool b_packed = false;
 };
 
 /// Constraints: K a multiple of 32 (the MX block), N a multiple of 8; empty groups allowed.
 void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& args, Stream stream = {});
+
+/// Reorders MXFP4 expert weights once (at load time, as serving engines do) into the layout the
+/// sm_90a kernel decodes with the fewest instructions (lowbit/mxfp4_pack.hpp): b [G, N, K/2] and
+/// b_scale (G x N x K/32 in b_scale_layout: row-major or blocked128x4) -> packed_b uint8
+/// [G, Np, Kp/2] and packed_scale uint8 [G, Np, Kp/32], contiguous, Np = N rounded up to 128,
+/// Kp = K rounded up to 256. Lossless (mxfp4_packed_code inverts it); CPU and CUDA tensors.
+void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, const ScaleLayout& b_scale_layout,
+                              const TensorView& packed_b, const TensorView& packed_scale, Stream stream = {});
 
 }  // namespace lowbit
 
@@ -99,6 +110,8 @@ struct MoeMlpArgs {
   TensorView b1;            ///< [E, 2I] float32 / bfloat16
   TensorView w2, w2_scale;  ///< [E, H, I/2]; [E, H, I/32]
   TensorView b2;            ///< [E, H]
+  /// w1 / w1_scale / w2 / w2_scale are group_gemm_mxfp4_prepack outputs (row-major scales in).
+  bool packed = false;
   float alpha = 1.702f;
   float limit = 7.0f;
   ActQuant act = ActQuant::kBF16;

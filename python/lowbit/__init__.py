@@ -19,6 +19,7 @@ from .gemm import (
     custom_kernel,
     gpt_oss_moe_mlp,
     group_gemm_mxfp4_nt_groupwise,
+    group_gemm_mxfp4_prepack,
     nvfp4_dual_gemm_prepack,
     nvfp4_dual_gemm_silu,
 )
@@ -50,7 +51,7 @@ __all__ = [
     "mxfp8_quantize", "mxfp4_quantize", "nvfp4_quantize", "per_token_group_quant",
     "block_scale_interleave", "block_scale_deinterleave",
     "nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "custom_kernel", "group_gemm_mxfp4_nt_groupwise",
-    "gpt_oss_moe_mlp",
+    "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp",
 ]
 
 

@@ -137,16 +137,46 @@ def custom_kernel(data):
     return c
 
 
+MXFP4_PACK_ROWS, MXFP4_PACK_K = 128, 256  # lowbit/mxfp4_pack.hpp
+
+
+def group_gemm_mxfp4_prepack(b, b_scale, *, b_scale_layout: str = "blocked128x4"):
+    """Reorders MXFP4 expert weights once (load time) into the layout the sm_90a grouped GEMM
+    decodes with the fewest instructions (include/lowbit/mxfp4_pack.hpp). b [G, N, K/2] and
+    b_scale (UE8M0, G x N x K/32, "blocked128x4" or "row_major") -> (packed_b uint8 [G, Np, Kp/2],
+    packed_scale uint8 [G, Np, Kp/32]) with Np = N rounded up to 128 and Kp = K rounded up to 256,
+    on b's device. Pass them with ``b_packed=True`` to group_gemm_mxfp4_nt_groupwise (and
+    ``packed=True`` to gpt_oss_moe_mlp); lossless."""
+    op = "group_gemm_mxfp4_prepack"
+    _required(b, op, "b")
+    _required(b_scale, op, "b_scale")
+    b = _bytes(b, op, "b")
+    if b.ndim != 3:
+        raise ValueError(f"{op}: argument 'b': expected [groups, N, K/2], got shape {tuple(b.shape)}")
+    G, N, K = (int(b.shape[0]), int(b.shape[1]), 2 * int(b.shape[2]))
+    Np = -(-N // MXFP4_PACK_ROWS) * MXFP4_PACK_ROWS
+    Kp = -(-K // MXFP4_PACK_K) * MXFP4_PACK_K
+    be = Backend(b)
+    pb = be.empty((G, Np, Kp // 2), "uint8")
+    ps = be.empty((G, Np, Kp // 32), "uint8")
+    with be.guard():
+        _C.group_gemm_mxfp4_prepack(c_export(b), _cb(b_scale, op, "b_scale"),
+                                    _choice(b_scale_layout, _KINDS, "b_scale_layout", op), c_export(pb), c_export(ps),
+                                    be.stream())
+    return pb, ps
+
+
 def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="bfloat16", *,
                                   a_scale_layout: str = "blocked128x4", b_scale_layout: str = "blocked128x4",
-                                  group_pad: str = "flashinfer", out=None):
+                                  group_pad: str = "flashinfer", out=None, b_packed: bool = False, n=None):
     """Grouped GEMM for MoE (FlashInfer conventions): ``out[m] = A[m] @ B[g]^T`` for the rows
     ``m_indptr[g] <= m < m_indptr[g+1]`` of group g. A [cum_m, K] is MXFP8 (float8_e4m3fn /
     float8_e5m2 codes, ``a_scale`` UE8M0 per 32 K-elements: "blocked128x4" with per-group
     128-row padding (``group_pad``) or "row_major") or bfloat16 (W4A16, ``a_scale`` None).
     B [G, N, K/2] is MXFP4 (E2M1, element 2k in the low nibble) with ``b_scale`` UE8M0 per 32
     ("blocked128x4" per expert or "row_major"). Values are code * 2^(scale - 127); fp32 sums.
-    K % 32 == 0, N % 8 == 0; empty groups allowed."""
+    K % 32 == 0, N % 8 == 0; empty groups allowed. ``b_packed=True``: b / b_scale come from
+    group_gemm_mxfp4_prepack (b_scale_layout unused) and N is ``out.shape[1]`` or ``n``."""
     op = "group_gemm_mxfp4_nt_groupwise"
     for arg, v in (("a", a), ("b", b), ("b_scale", b_scale), ("m_indptr", m_indptr)):
         _required(v, op, arg)
@@ -157,25 +187,30 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="b
     av, adt = c_view(a, op, "a")
     m_indptr = be.adopt(m_indptr, op, "m_indptr", "int32")
     if out is None:
-        out = be.empty((int(a.shape[0]), int(b.shape[1])), dtype_name(out_dtype, op, "out_dtype"))
+        if b_packed and n is None:
+            raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
+        out = be.empty((int(a.shape[0]), int(n) if b_packed else int(b.shape[1])), dtype_name(out_dtype, op, "out_dtype"))
     ov, odt = c_view(out, op, "out")
     pad = _choice(group_pad, _PADS, "group_pad", op) if a_scale_layout == "blocked128x4" else _C.GroupPad.none
     with be.guard():
         _C.group_gemm_mxfp4(av, adt, None if aname == "bfloat16" else _cb(a_scale, op, "a_scale"),
                             _choice(a_scale_layout, _KINDS, "a_scale_layout", op), pad, _cb(b, op, "b"),
                             _cb(b_scale, op, "b_scale"), _choice(b_scale_layout, _KINDS, "b_scale_layout", op),
-                            c_view(m_indptr, op, "m_indptr")[0], ov, odt, stream=be.stream())
+                            c_view(m_indptr, op, "m_indptr")[0], ov, odt, b_packed=bool(b_packed),
+                            stream=be.stream())
     return out
 
 
 def gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2, *, alpha: float = 1.702,
-                    limit: float = 7.0, act: str = "bf16", out_dtype=None, out=None):
+                    limit: float = 7.0, act: str = "bf16", out_dtype=None, out=None, packed: bool = False):
     """The gpt-oss expert MLP in one call. For each token t and routed expert e = topk_ids[t, j]:
     ``h = act(x[t]) @ W1[e]^T + b1[e]`` (gate = h[0::2], up = h[1::2]); ``g = min(gate, limit)``,
     ``u = clamp(up, -limit, limit)``; ``y = g * sigmoid(alpha g) * (u + 1)``;
     ``out[t] += topk_weights[t, j] * (act(y) @ W2[e]^T + b2[e])`` (j in order; id -1 skips).
     W1 [E, 2I, H/2] / W2 [E, H, I/2] MXFP4 codes with UE8M0 scales [E, 2I, H/32] / [E, H, I/32]
-    (``lowbit convert-gpt-oss``); act "bf16" (W4A16) or "mxfp8" (activations quantized, RCEIL)."""
+    (``lowbit convert-gpt-oss``); act "bf16" (W4A16) or "mxfp8" (activations quantized, RCEIL).
+    ``packed=True``: w1 / w1_scale and w2 / w2_scale are group_gemm_mxfp4_prepack outputs
+    (of the row-major scales)."""
     op = "gpt_oss_moe_mlp"
     _writable(out, op)
     x = as_array(x, op, "x")
@@ -194,5 +229,5 @@ def gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b
                            c_view(be.adopt(topk_weights, op, "topk_weights", "float32"), op, "topk_weights")[0],
                            _cb(w1, op, "w1"), _cb(w1_scale, op, "w1_scale"), b1v, b1dt, _cb(w2, op, "w2"),
                            _cb(w2_scale, op, "w2_scale"), b2v, b2dt, float(alpha), float(limit),
-                           _choice(act, acts, "act", op), ov, odt, stream=be.stream())
+                           _choice(act, acts, "act", op), ov, odt, packed=bool(packed), stream=be.stream())
     return out

@@ -5,6 +5,7 @@
 
 #include "api/check.hpp"
 #include "lowbit/gemm.hpp"
+#include "lowbit/mxfp4_pack.hpp"
 #include "ref/ref_gemm.hpp"
 #include "cuda/gemm/launch_gemm.hpp"  // declarations only: called (and defined) only in CUDA + CUTLASS builds
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
@@ -191,6 +192,56 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
 namespace lowbit {
 using namespace detail;
 
+namespace {
+int64_t round_up(int64_t v, int64_t q) { return (v + q - 1) / q * q; }
+
+/// Checks a group_gemm_mxfp4_prepack pair for G experts of N x K and returns the row-major plan
+/// of its scales.
+void check_packed_weights(Checker& c, const TensorView& b, const char* b_arg, const TensorView& s, const char* s_arg,
+                          int64_t G, int64_t N, int64_t K, ScalePlan* sp) {
+  const int64_t Np = round_up(N, kMxfp4PackRows), Kp = round_up(K, kMxfp4PackK);
+  c.present(b, b_arg);
+  c.dtype(b, b_arg, {DType::kUInt8, DType::kFloat4E2M1x2});
+  c.shape(b, b_arg, {G, Np, Kp / 2});
+  if (!b.is_contiguous()) c.fail(b_arg, "packed weights must be contiguous, got " + b.describe());
+  c.present(s, s_arg);
+  c.dtype(s, s_arg, {DType::kUE8M0, DType::kUInt8});
+  c.shape(s, s_arg, {G, Np, Kp / 32});
+  if (!s.is_contiguous()) c.fail(s_arg, "packed scales must be contiguous, got " + s.describe());
+  plan_scales(c, s, s_arg, ScaleLayout::row_major(), G, Np, Kp / 32, sp);
+}
+}  // namespace
+
+void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, const ScaleLayout& lb,
+                              const TensorView& packed_b, const TensorView& packed_scale, Stream stream) {
+  Checker c{"group_gemm_mxfp4_prepack"};
+  c.present(b, "b");
+  c.dtype(b, "b", {DType::kUInt8, DType::kFloat4E2M1x2});
+  if (b.ndim != 3 || b.shape[2] == 0 || b.shape[2] % 16 != 0 || b.shape[1] == 0)
+    c.fail("b", "expected [groups, N, K/2] with K a positive multiple of 32, got " + b.describe());
+  c.last_contiguous(b, "b");
+  const int64_t G = b.shape[0], N = b.shape[1], K = 2 * b.shape[2];
+  c.present(b_scale, "b_scale");
+  c.dtype(b_scale, "b_scale", {DType::kUE8M0, DType::kUInt8});
+  if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
+    c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
+  Mxfp4PackPlan p;
+  plan_scales(c, b_scale, "b_scale", lb, G, N, K / 32, &p.spb);
+  ScalePlan out_plan;
+  check_packed_weights(c, packed_b, "packed_b", packed_scale, "packed_scale", G, N, K, &out_plan);
+  c.no_overlap({{"packed_b", &packed_b}, {"packed_scale", &packed_scale}}, {{"b", &b}, {"b_scale", &b_scale}});
+  p.G = G; p.N = N; p.K = K;
+  p.b = b.ptr<uint8_t>(); p.b_sG = b.strides[0]; p.b_sN = b.strides[1];
+  p.b_scale = b_scale.ptr<uint8_t>();
+  p.packed_b = static_cast<uint8_t*>(packed_b.data);
+  p.packed_scale = static_cast<uint8_t*>(packed_scale.data);
+  if (c.dev == Device::kCPU) {
+    ref::mxfp4_prepack(p);
+    return;
+  }
+  run_on_device(c, [&] { return cuda::mxfp4_prepack(p, stream.handle); });
+}
+
 void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   Checker c{"group_gemm_mxfp4_nt_groupwise"};
   c.present(x.a, "a");
@@ -201,11 +252,13 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   if (K % 32 != 0 || K == 0) c.fail("a", "K = " + std::to_string(K) + " must be a positive multiple of 32 (the MX block)");
   c.present(x.b, "b");
   c.dtype(x.b, "b", {DType::kUInt8, DType::kFloat4E2M1x2});
-  if (x.b.ndim != 3 || x.b.shape[2] != K / 2)
+  if (x.b.ndim != 3 || (!x.b_packed && x.b.shape[2] != K / 2))
     c.fail("b", "expected [groups, N, " + std::to_string(K / 2) + "], got " + x.b.describe());
   c.last_contiguous(x.b, "b");
-  const int64_t G = x.b.shape[0], N = x.b.shape[1];
-  if (N % 8 != 0 || N == 0) c.fail("b", "N = " + std::to_string(N) + " must be a positive multiple of 8");
+  const int64_t G = x.b.shape[0];
+  if (x.b_packed) c.present(x.out, "out");
+  const int64_t N = x.b_packed ? (x.out.ndim == 2 ? x.out.shape[1] : 0) : x.b.shape[1];
+  if (N % 8 != 0 || N == 0) c.fail(x.b_packed ? "out" : "b", "N = " + std::to_string(N) + " must be a positive multiple of 8");
   c.present(x.m_indptr, "m_indptr");
   c.dtype(x.m_indptr, "m_indptr", {DType::kInt32, DType::kInt64});
   if (x.m_indptr.ndim != 1 || x.m_indptr.shape[0] != G + 1 || x.m_indptr.strides[0] != 1)
@@ -245,12 +298,17 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
     ScalePlan tmp;  // validates the boundaries (device-resident boundaries are trusted: no host sync)
     check_groups(c, ScaleLayout::blocked128x4(GroupPad::kFlashInfer), x.m_indptr, 1, M, &tmp);
   }
-  c.present(x.b_scale, "b_scale");
-  c.dtype(x.b_scale, "b_scale", {DType::kUE8M0, DType::kUInt8});
-  const ScaleLayout& lb = x.b_scale_layout;
-  if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
-    c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
-  plan_scales(c, x.b_scale, "b_scale", lb, G, N, K / 32, &p.spb);
+  if (x.b_packed) {
+    check_packed_weights(c, x.b, "b", x.b_scale, "b_scale", G, N, K, &p.spb);
+    p.b_packed = true;
+  } else {
+    c.present(x.b_scale, "b_scale");
+    c.dtype(x.b_scale, "b_scale", {DType::kUE8M0, DType::kUInt8});
+    const ScaleLayout& lb = x.b_scale_layout;
+    if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
+      c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
+    plan_scales(c, x.b_scale, "b_scale", lb, G, N, K / 32, &p.spb);
+  }
   p.b_scale = x.b_scale.ptr<uint8_t>();
   c.no_overlap({{"out", &x.out}}, {{"a", &x.a}, {"a_scale", &x.a_scale}, {"b", &x.b}, {"b_scale", &x.b_scale},
                                    {"m_indptr", &x.m_indptr}});
@@ -260,7 +318,9 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   }
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
   require_aligned16(c, x.b, "b", {p.b_sG, p.b_sN});
-  if (x.b_scale_layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0)
+  if (x.b_packed && reinterpret_cast<uintptr_t>(p.b_scale) % 8 != 0)
+    c.fail("b_scale", "the CUDA kernel needs 8-byte aligned packed scales, got " + x.b_scale.describe());
+  if (!x.b_packed && x.b_scale_layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0)
     c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + x.b_scale.describe());
 #endif
   run_on_device(c, [&] { return cuda::group_gemm_mxfp4(p, stream.handle); });
@@ -281,23 +341,34 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   if (H % 32 != 0 || H == 0) c.fail("x", "hidden size H = " + std::to_string(H) + " must be a positive multiple of 32");
   c.present(x.w1, "w1");
   c.dtype(x.w1, "w1", {DType::kUInt8, DType::kFloat4E2M1x2});
-  if (x.w1.ndim != 3 || x.w1.shape[2] != H / 2 || x.w1.shape[1] % 2 != 0)
+  if (x.packed) {  // E and I from b1 [E, 2I]
+    c.present(x.b1, "b1");
+    if (x.b1.ndim != 2 || x.b1.shape[1] % 2 != 0) c.fail("b1", "expected [E, 2I], got " + x.b1.describe());
+  } else if (x.w1.ndim != 3 || x.w1.shape[2] != H / 2 || x.w1.shape[1] % 2 != 0) {
     c.fail("w1", "expected [E, 2I, " + std::to_string(H / 2) + "] (gate/up rows interleaved), got " + x.w1.describe());
+  }
   c.last_contiguous(x.w1, "w1");
-  const int64_t E = x.w1.shape[0], I = x.w1.shape[1] / 2;
-  if (I % 32 != 0 || I == 0) c.fail("w1", "intermediate size I = " + std::to_string(I) + " must be a positive multiple of 32");
-  c.present(x.w1_scale, "w1_scale");
-  c.dtype(x.w1_scale, "w1_scale", {DType::kUE8M0, DType::kUInt8});
-  c.shape(x.w1_scale, "w1_scale", {E, 2 * I, H / 32});
-  c.last_contiguous(x.w1_scale, "w1_scale");
-  c.present(x.w2, "w2");
-  c.dtype(x.w2, "w2", {DType::kUInt8, DType::kFloat4E2M1x2});
-  c.shape(x.w2, "w2", {E, H, I / 2});
-  c.last_contiguous(x.w2, "w2");
-  c.present(x.w2_scale, "w2_scale");
-  c.dtype(x.w2_scale, "w2_scale", {DType::kUE8M0, DType::kUInt8});
-  c.shape(x.w2_scale, "w2_scale", {E, H, I / 32});
-  c.last_contiguous(x.w2_scale, "w2_scale");
+  const int64_t E = x.packed ? x.b1.shape[0] : x.w1.shape[0], I = x.packed ? x.b1.shape[1] / 2 : x.w1.shape[1] / 2;
+  if (I % 32 != 0 || I == 0)
+    c.fail(x.packed ? "b1" : "w1", "intermediate size I = " + std::to_string(I) + " must be a positive multiple of 32");
+  ScalePlan unused;
+  if (x.packed) {
+    check_packed_weights(c, x.w1, "w1", x.w1_scale, "w1_scale", E, 2 * I, H, &unused);
+    check_packed_weights(c, x.w2, "w2", x.w2_scale, "w2_scale", E, H, I, &unused);
+  } else {
+    c.present(x.w1_scale, "w1_scale");
+    c.dtype(x.w1_scale, "w1_scale", {DType::kUE8M0, DType::kUInt8});
+    c.shape(x.w1_scale, "w1_scale", {E, 2 * I, H / 32});
+    c.last_contiguous(x.w1_scale, "w1_scale");
+    c.present(x.w2, "w2");
+    c.dtype(x.w2, "w2", {DType::kUInt8, DType::kFloat4E2M1x2});
+    c.shape(x.w2, "w2", {E, H, I / 2});
+    c.last_contiguous(x.w2, "w2");
+    c.present(x.w2_scale, "w2_scale");
+    c.dtype(x.w2_scale, "w2_scale", {DType::kUE8M0, DType::kUInt8});
+    c.shape(x.w2_scale, "w2_scale", {E, H, I / 32});
+    c.last_contiguous(x.w2_scale, "w2_scale");
+  }
   c.present(x.b1, "b1");
   c.dtype(x.b1, "b1", {DType::kFloat32, DType::kBFloat16});
   c.shape(x.b1, "b1", {E, 2 * I});
@@ -342,7 +413,7 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   p.w2s = x.w2_scale.ptr<uint8_t>(); p.w2s_sE = x.w2_scale.strides[0]; p.w2s_sR = x.w2_scale.strides[1];
   p.b1 = x.b1.data; p.b1_dtype = x.b1.dtype; p.b1_sE = x.b1.strides[0];
   p.b2 = x.b2.data; p.b2_dtype = x.b2.dtype; p.b2_sE = x.b2.strides[0];
-  p.alpha = x.alpha; p.limit = x.limit; p.act_mxfp8 = x.act == ActQuant::kMXFP8;
+  p.alpha = x.alpha; p.limit = x.limit; p.act_mxfp8 = x.act == ActQuant::kMXFP8; p.packed = x.packed;
   p.out = x.out.data; p.out_dtype = x.out.dtype; p.o_sT = x.out.strides[0];
   c.no_overlap({{"out", &x.out}}, {{"x", &x.x}, {"topk_ids", &x.topk_ids}, {"topk_weights", &x.topk_weights},
                                    {"w1", &x.w1}, {"w1_scale", &x.w1_scale}, {"b1", &x.b1}, {"w2", &x.w2},
@@ -354,6 +425,8 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
   require_aligned16(c, x.w1, "w1", {p.w1_sE, p.w1_sR});
   require_aligned16(c, x.w2, "w2", {p.w2_sE, p.w2_sR});
+  if (x.packed && (reinterpret_cast<uintptr_t>(p.w1s) % 8 != 0 || reinterpret_cast<uintptr_t>(p.w2s) % 8 != 0))
+    c.fail("w1_scale", "the CUDA kernel needs 8-byte aligned packed scales");
   if (E > 4096) c.fail("w1", "the CUDA MLP routes at most 4096 experts, got E = " + std::to_string(E));
   if (T * k >= (int64_t(1) << 31)) c.fail("topk_ids", "T * k must be below 2^31 routed rows");
 #endif

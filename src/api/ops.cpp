@@ -393,7 +393,8 @@ BuildInfo build_info() {
                     "nf4_kcache_quantize", "nf4_kcache_dequantize"};
 #if LOWBIT_WITH_CUTLASS
     if (b.sm >= 90)
-      for (const char* op : {"nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "group_gemm_mxfp4_nt_groupwise", "gpt_oss_moe_mlp"})
+      for (const char* op : {"nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "group_gemm_mxfp4_nt_groupwise",
+                             "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp"})
         b.cuda_ops.emplace_back(op);
 #endif
   }

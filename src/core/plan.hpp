@@ -186,6 +186,7 @@ struct GroupGemmPlan {
   ScalePlan spa;                     ///< cum_m x K/32 (grouped or row-major)
   const uint8_t* b = nullptr;
   int64_t b_sG = 0, b_sN = 0;
+  bool b_packed = false;  ///< b / b_scale in the group_gemm_mxfp4_prepack layout (spb: row-major Np x Kp/32)
   const uint8_t* b_scale = nullptr;
   ScalePlan spb;  ///< N x K/32 per group (batch = group)
   const void* m_indptr = nullptr;
@@ -203,6 +204,18 @@ struct GroupGemmPlan {
 
 namespace lowbit::detail {
 
+/// group_gemm_mxfp4_prepack: plain b [G, N, K/2] (+ scales in spb) -> packed_b [G, Np, Kp/2],
+/// packed_scale [G, Np, Kp/32] (contiguous, lowbit/mxfp4_pack.hpp).
+struct Mxfp4PackPlan {
+  int64_t G = 0, N = 0, K = 0;
+  const uint8_t* b = nullptr;
+  int64_t b_sG = 0, b_sN = 0;
+  const uint8_t* b_scale = nullptr;
+  ScalePlan spb;
+  uint8_t* packed_b = nullptr;
+  uint8_t* packed_scale = nullptr;
+};
+
 struct MoeMlpPlan {
   int64_t T = 0, H = 0, I = 0, E = 0, topk = 0;
   const void* x = nullptr;
@@ -219,6 +232,7 @@ struct MoeMlpPlan {
   int64_t b1_sE = 0, b2_sE = 0;
   float alpha = 1.702f, limit = 7.0f;
   bool act_mxfp8 = false;
+  bool packed = false;  ///< w1 / w2 and their scales in the group_gemm_mxfp4_prepack layout
   void* out = nullptr;
   DType out_dtype = DType::kBFloat16;
   int64_t o_sT = 0;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/parallel.hpp"
+#include "lowbit/mxfp4_pack.hpp"
 #include "ref/ref_gemm.hpp"
 
 namespace lowbit::ref {
@@ -66,7 +67,7 @@ void group_gemm_mxfp4(const GroupGemmPlan& p) {
     const uint8_t* bg = p.b + g * p.b_sG;
     for (int64_t n = 0; n < p.N; ++n)
       for (int64_t k = 0; k < p.K; ++k) {
-        const uint8_t code = (bg[n * p.b_sN + k / 2] >> ((k & 1) * 4)) & 0xF;
+        const uint8_t code = uint8_t(mxfp4_row_code(bg + n * p.b_sN, k, p.b_packed));
         B[size_t(n * p.K + k)] = decode_e2m1(code) * decode_ue8m0(p.b_scale[p.spb.offset(g, n, k / 32)]);
       }
     parallel_for(m1 - m0, [&](int64_t i) {
@@ -107,15 +108,36 @@ void round_activation(float* v, int64_t n, bool mxfp8) {
 
 namespace {
 /// One output row of an MXFP4 expert matrix times a vector: sum_k dec(W[r, k]) * v[k] in fp64.
-double mxfp4_row_dot(const uint8_t* w, const uint8_t* ws, const float* v, int64_t K) {
+double mxfp4_row_dot(const uint8_t* w, const uint8_t* ws, const float* v, int64_t K, bool packed) {
   double acc = 0.0;
   for (int64_t k = 0; k < K; ++k) {
-    const uint8_t code = (w[k / 2] >> ((k & 1) * 4)) & 0xF;
+    const uint8_t code = uint8_t(mxfp4_row_code(w, k, packed));
     acc += double(decode_e2m1(code) * decode_ue8m0(ws[k / 32])) * double(v[k]);
   }
   return acc;
 }
 }  // namespace
+
+void mxfp4_prepack(const Mxfp4PackPlan& p) {
+  const int64_t Np = (p.N + kMxfp4PackRows - 1) / kMxfp4PackRows * kMxfp4PackRows;
+  const int64_t Kp = (p.K + kMxfp4PackK - 1) / kMxfp4PackK * kMxfp4PackK;
+  parallel_for(p.G * Np, [&](int64_t gn) {
+    const int64_t g = gn / Np, n = gn % Np;
+    uint8_t* out = p.packed_b + gn * (Kp / 2);
+    for (int64_t w = 0; w < Kp / 8; ++w) {
+      uint32_t word = 0;
+      if (n < p.N && 8 * w < p.K) {
+        const uint8_t* src = p.b + g * p.b_sG + n * p.b_sN + 4 * w;
+        word = mxfp4_pack_word(uint32_t(src[0]) | (uint32_t(src[1]) << 8) | (uint32_t(src[2]) << 16) |
+                               (uint32_t(src[3]) << 24));
+      }
+      for (int i = 0; i < 4; ++i) out[4 * w + i] = uint8_t(word >> (8 * i));
+    }
+    uint8_t* so = p.packed_scale + gn * (Kp / 32);
+    for (int64_t c = 0; c < Kp / 32; ++c)
+      so[c] = n < p.N && c < p.K / 32 ? p.b_scale[p.spb.offset(g, n, c)] : kMxfp4PackPadScale;
+  });
+}
 
 void gpt_oss_moe_mlp(const MoeMlpPlan& p) {
   parallel_for(p.T, [&](int64_t t) {
@@ -131,7 +153,7 @@ void gpt_oss_moe_mlp(const MoeMlpPlan& p) {
         for (int r = 0; r < 2; ++r) {
           const int64_t row = 2 * i + r;
           const double d = mxfp4_row_dot(p.w1 + e * p.w1_sE + row * p.w1_sR, p.w1s + e * p.w1s_sE + row * p.w1s_sR,
-                                         x.data(), p.H);
+                                         x.data(), p.H, p.packed);
           hv[r] = float(d) + load_float(p.b1, p.b1_dtype, e * p.b1_sE + row);
         }
         const float g = hv[0] < p.limit ? hv[0] : p.limit;
@@ -140,7 +162,7 @@ void gpt_oss_moe_mlp(const MoeMlpPlan& p) {
       }
       round_activation(y.data(), p.I, p.act_mxfp8);
       for (int64_t h = 0; h < p.H; ++h) {
-        const double d = mxfp4_row_dot(p.w2 + e * p.w2_sE + h * p.w2_sR, p.w2s + e * p.w2s_sE + h * p.w2s_sR, y.data(), p.I);
+        const double d = mxfp4_row_dot(p.w2 + e * p.w2_sE + h * p.w2_sR, p.w2s + e * p.w2s_sE + h * p.w2s_sR, y.data(), p.I, p.packed);
         const float o = float(d) + load_float(p.b2, p.b2_dtype, e * p.b2_sE + h);
         acc[size_t(h)] += wt * o;
       }

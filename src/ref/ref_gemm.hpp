@@ -13,6 +13,8 @@ void nvfp4_dual_gemm_silu(const detail::DualGemmPlan& p);
 
 namespace lowbit::ref {
 void group_gemm_mxfp4(const detail::GroupGemmPlan& p);
+/// group_gemm_mxfp4_prepack on the CPU (the definition of the packed layout's contents).
+void mxfp4_prepack(const detail::Mxfp4PackPlan& p);
 }
 
 namespace lowbit::ref {

@@ -120,6 +120,101 @@ def test_moe_mlp_cpu_matches_numpy():
     np.testing.assert_allclose(out, ref, rtol=2e-3, atol=2e-3)
 
 
+def _tiny_bf16_pair(lo, hi):
+    """bf16x2 bits of e2m1 codes lo / hi times 2^-126 (sign -> bit 15, code bits 2..0 -> 8..6)."""
+    f = lambda c: ((c & 7) << 6) | ((c & 8) << 12)
+    return f(lo) | (f(hi) << 16)
+
+
+@pytest.mark.parametrize("n,k,layout", [(136, 160, "row_major"), (128, 256, "blocked128x4"), (8, 32, "blocked128x4")])
+def test_group_gemm_prepack_layout(n, k, layout):
+    """The packed words decode with the four masks of lowbit/mxfp4_pack.hpp into the bf16x2 pairs
+    (e0, e1), (e2, e3), (e4, e5), (e6, e7) of the natural word; padding rows and K are zero codes
+    with scale byte 127; the scales are the row-major bytes."""
+    rng = np.random.default_rng(n + k)
+    G = 2
+    b = rng.integers(0, 256, (G, n, k // 2), dtype=np.uint8)
+    sc = rng.integers(0, 256, (G, n, k // 32), dtype=np.uint8)
+    st = sc if layout == "row_major" else lowbit.convert_scale_layout(sc, n, k // 32, "row_major", "blocked128x4")
+    pb, ps = lowbit.group_gemm_mxfp4_prepack(b, st, b_scale_layout=layout)
+    Np, Kp = -(-n // 128) * 128, -(-k // 256) * 256
+    assert pb.shape == (G, Np, Kp // 2) and ps.shape == (G, Np, Kp // 32)
+    assert pb.dtype == np.uint8 and ps.dtype == np.uint8
+    x = np.ascontiguousarray(pb).view("<u4").astype(np.uint64)
+    M = 0x81C081C0
+    pairs = [x & M, (x << 3) & M, (x << 6) & M,
+             ((x >> 4) & 0x00C000C0) | ((x >> 5) & 0x01000100) | ((x << 1) & 0x80008000)]
+    nat = np.zeros((G, Np, Kp // 2), np.uint8)
+    nat[:, :n, :k // 2] = b
+    w = nat.view("<u4").astype(np.uint64)
+    for q in range(4):
+        want = _tiny_bf16_pair((w >> (8 * q)) & 15, (w >> (8 * q + 4)) & 15)
+        np.testing.assert_array_equal(pairs[q] & 0xFFFFFFFF, want, err_msg=f"pair {q}")
+    want_s = np.full((G, Np, Kp // 32), 127, np.uint8)
+    want_s[:, :n, :k // 32] = sc
+    np.testing.assert_array_equal(np.asarray(ps), want_s)
+
+
+@pytest.mark.parametrize("act", ["e4m3", "bf16"])
+def test_group_gemm_packed_cpu_equals_plain(act):
+    rng = np.random.default_rng(5)
+    sizes = [3, 0, 40, 1]
+    ind = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    M, N, K, G = int(ind[-1]), 136, 160, len(sizes)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    qb = lowbit.quantize((rng.standard_normal((G, N, K)) / 8).astype(np.float32), "mxfp4", "blocked128x4")
+    if act == "bf16":
+        a, a_sc, la = x.astype(ml_dtypes.bfloat16), None, "row_major"
+    else:
+        qa = lowbit.quantize(x, "mxfp8_e4m3", "row_major")
+        a, a_sc, la = qa.data, qa.scales, "row_major"
+    plain = lowbit.group_gemm_mxfp4_nt_groupwise(a, qb.data, a_sc, qb.scales, ind, "float16", a_scale_layout=la)
+    pb, ps = lowbit.group_gemm_mxfp4_prepack(qb.data, qb.scales)
+    got = lowbit.group_gemm_mxfp4_nt_groupwise(a, pb, a_sc, ps, ind, "float16", a_scale_layout=la, b_packed=True, n=N)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(plain).view(np.uint16))
+    out = np.full((M, N), np.nan, np.float16)
+    lowbit.group_gemm_mxfp4_nt_groupwise(a, pb, a_sc, ps, ind, a_scale_layout=la, b_packed=True, out=out)
+    np.testing.assert_array_equal(out.view(np.uint16), np.asarray(plain).view(np.uint16))
+
+
+def test_group_gemm_packed_argument_errors():
+    rng = np.random.default_rng(6)
+    b = rng.integers(0, 256, (2, 136, 80), dtype=np.uint8)
+    sc = np.full((2, 136, 5), 127, np.uint8)
+    pb, ps = lowbit.group_gemm_mxfp4_prepack(b, sc, b_scale_layout="row_major")
+    a = rng.standard_normal((4, 160)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    ind = np.array([0, 4, 4], np.int32)
+    with pytest.raises(ValueError, match="'n'"):
+        lowbit.group_gemm_mxfp4_nt_groupwise(a, pb, None, ps, ind, b_packed=True)
+    with pytest.raises(ValueError, match="argument 'b'.*shape"):  # N = 264 needs Np = 384 rows
+        lowbit.group_gemm_mxfp4_nt_groupwise(a, pb, None, ps, ind, b_packed=True, n=264)
+    with pytest.raises(ValueError, match="argument 'b_scale'"):
+        lowbit.group_gemm_mxfp4_nt_groupwise(a, pb, None, ps[:, :, :4].copy(), ind, b_packed=True, n=136)
+    with pytest.raises(ValueError, match="argument 'b'.*shape"):  # plain weights passed as packed
+        lowbit.group_gemm_mxfp4_nt_groupwise(a, b, None, sc, ind, b_packed=True, n=136)
+    with pytest.raises(ValueError, match="argument 'packed_scale'|argument 'b_scale'"):
+        lowbit.group_gemm_mxfp4_prepack(b, sc[:, :, :4].copy(), b_scale_layout="row_major")
+
+
+def test_moe_mlp_packed_cpu_equals_plain():
+    rng = np.random.default_rng(7)
+    T, H, I, E = 4, 96, 64, 3
+    w1 = lowbit.quantize(rng.standard_normal((E, 2 * I, H)).astype(np.float32) * 0.2, "mxfp4")
+    w2 = lowbit.quantize(rng.standard_normal((E, H, I)).astype(np.float32) * 0.2, "mxfp4")
+    b1 = rng.standard_normal((E, 2 * I)).astype(np.float32)
+    b2 = rng.standard_normal((E, H)).astype(np.float32)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.array([[0, 2], [1, -1], [2, 2], [1, 0]], dtype=np.int32)
+    wts = rng.random((T, 2)).astype(np.float32)
+    for act in ("bf16", "mxfp8"):
+        plain = lowbit.gpt_oss_moe_mlp(x, ids, wts, w1.data, w1.scales, b1, w2.data, w2.scales, b2, act=act,
+                                       out_dtype="float32")
+        p1, s1 = lowbit.group_gemm_mxfp4_prepack(w1.data, w1.scales, b_scale_layout="row_major")
+        p2, s2 = lowbit.group_gemm_mxfp4_prepack(w2.data, w2.scales, b_scale_layout="row_major")
+        got = lowbit.gpt_oss_moe_mlp(x, ids, wts, p1, s1, b1, p2, s2, b2, act=act, out_dtype="float32", packed=True)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(plain))
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA
 

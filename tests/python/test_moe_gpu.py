@@ -173,10 +173,11 @@ def _reference(ops, a_st, b_st, a_layout, b_layout, pad, out_name, ind_dtype):
 
 
 def _run_cuda(torch, ops, a_st, b_st, a_layout, b_layout, pad, out_name, ind_dtype, poison, typed=False,
-              sleep_cycles=0):
+              sleep_cycles=0, packed=False):
     """The CUDA op on device copies of the operands (m_indptr on the device too), into an output
     filled with the `poison` bit pattern, everything on the current stream; returns the output's
-    bits (host uint16 [M, N]). sleep_cycles: a sleep kernel queued before the poison fill."""
+    bits (host uint16 [M, N]). sleep_cycles: a sleep kernel queued before the poison fill.
+    packed: the weights go through group_gemm_mxfp4_prepack on the device first (b_packed=True)."""
     a = _dev(torch, ops.a)
     a_scale = None if a_st is None else _dev(torch, a_st)
     b = _dev(torch, ops.b)
@@ -189,11 +190,13 @@ def _run_cuda(torch, ops, a_st, b_st, a_layout, b_layout, pad, out_name, ind_dty
             b = b.view(torch.float4_e2m1fn_x2)
     ind = _dev(torch, ops.ind.astype(ind_dtype))
     out = torch.empty((ops.M, ops.N), dtype=getattr(torch, out_name), device="cuda")
+    if packed:
+        b, b_scale = lowbit.group_gemm_mxfp4_prepack(b, b_scale, b_scale_layout=b_layout)
     if sleep_cycles:
         torch.cuda._sleep(sleep_cycles)
     out.view(torch.int16).fill_(poison)
     res = lowbit.group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, ind, out_name, a_scale_layout=a_layout,
-                                               b_scale_layout=b_layout, group_pad=pad, out=out)
+                                               b_scale_layout=b_layout, group_pad=pad, out=out, b_packed=packed)
     assert res is out
     return _host_bits(torch, out)
 
@@ -299,12 +302,13 @@ def _check_recipe_a(got, ops, out_name, label):
 
 
 def _check_gemm(torch, ops, *, a_layout, b_layout, out_name, pad="flashinfer", ind_dtype=np.int32, recipe_a=False,
-                poison_scale_padding=False, typed=False, label=""):
+                poison_scale_padding=False, typed=False, label="", packed=False):
     a_st, b_st = _stored_scales(ops, a_layout, b_layout, pad, poison_scale_padding)
     ref = _reference(ops, a_st, b_st, a_layout, b_layout, pad, out_name, ind_dtype)
 
     def run(poison):
-        return _run_cuda(torch, ops, a_st, b_st, a_layout, b_layout, pad, out_name, ind_dtype, poison, typed)
+        return _run_cuda(torch, ops, a_st, b_st, a_layout, b_layout, pad, out_name, ind_dtype, poison, typed,
+                         packed=packed)
 
     got = _run_checked(run, ref, ops, out_name, label)
     _assert_within_ulps(got, ref, ops, out_name, label)
@@ -346,12 +350,13 @@ def _shape_id(c):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("case", SHAPES, ids=[_shape_id(c) for c in SHAPES])
-def test_group_gemm_shapes(torch, case):
+def test_group_gemm_shapes(torch, case, packed):
     n, k, sizes, act, la, lb, out, ind, pad = case
     ops = _randn_operands(sizes, n, k, act, seed=n + 7 * k + len(sizes))
     _check_gemm(torch, ops, a_layout=la, b_layout=lb, out_name=out, pad=pad, ind_dtype=ind, recipe_a=True,
-                label=_shape_id(case))
+                label=_shape_id(case), packed=packed)
 
 
 # N a multiple of 8 but not of 64 / 128, K = 32 * odd
@@ -370,10 +375,11 @@ ODD = [
 @pytest.mark.parametrize("n,k,act,la,lb,out", ODD,
                          ids=[f"n{c[0]}-k{c[1]}-{c[2]}-a{_lay(c[3])}-b{_lay(c[4])}-{c[5]}" for c in ODD])
 @pytest.mark.parametrize("ind_dtype", [np.int32, np.int64], ids=["int32", "int64"])
-def test_group_gemm_odd_shapes(torch, n, k, act, la, lb, out, ind_dtype):
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_group_gemm_odd_shapes(torch, n, k, act, la, lb, out, ind_dtype, packed):
     ops = _randn_operands([3, 0, 129, 1, 0, 60], n, k, act, seed=n * 3 + k)
     _check_gemm(torch, ops, a_layout=la, b_layout=lb, out_name=out, ind_dtype=ind_dtype, recipe_a=True,
-                label=f"n{n} k{k} {act} {out}")
+                label=f"n{n} k{k} {act} {out}", packed=packed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,7 +463,8 @@ SPECIAL = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,act,la,lb,out", SPECIAL,
                          ids=[f"{c[0]}-{c[1]}-a{_lay(c[2])}-b{_lay(c[3])}-{c[4]}" for c in SPECIAL])
-def test_group_gemm_special_scales(torch, kind, act, la, lb, out):
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_group_gemm_special_scales(torch, kind, act, la, lb, out, packed):
     ops = _special_operands(kind, act)
     # the scale bytes are in the ranges the case is about
     if kind in ("w_high", "w_high_mixed"):
@@ -467,7 +474,7 @@ def test_group_gemm_special_scales(torch, kind, act, la, lb, out):
     elif kind == "a_low":
         assert ops.a_sc.max() == (2 if act == "e4m3" else 9)
     got, ref = _check_gemm(torch, ops, a_layout=la, b_layout=lb, out_name=out, ind_dtype=np.int64,
-                           label=f"{kind} {act} {out}")
+                           label=f"{kind} {act} {out}", packed=packed)
     finite = np.isfinite(ref)
     assert np.count_nonzero(ref[finite]) > 0.9 * finite.sum(), "the case is degenerate: mostly zero outputs"
     if kind == "nan":
@@ -723,13 +730,17 @@ def _to_host(torch, t):
 
 
 def _check_mlp(torch, T, H, act, x_dtype, out_dtype, bias_dtype, *, alpha=1.702, limit=7.0, E=8, I=256, topk=4,
-               seed=0, duplicate_ids=False, label=""):
+               seed=0, duplicate_ids=False, label="", packed=False):
     args, w = _mlp_operands(T, H, I, E, topk, seed, x_dtype, bias_dtype, duplicate_ids)
     ref = lowbit.gpt_oss_moe_mlp(**args, alpha=alpha, limit=limit, act=act, out_dtype=out_dtype)
     ref = np.asarray(ref).astype(np.float64)
     dev = {k: _dev(torch, v) for k, v in args.items()}
+    if packed:  # the weights through group_gemm_mxfp4_prepack on the device
+        for wn in ("w1", "w2"):
+            dev[wn], dev[wn + "_scale"] = lowbit.group_gemm_mxfp4_prepack(dev[wn], dev[wn + "_scale"],
+                                                                          b_scale_layout="row_major")
     out = torch.empty((T, H), dtype=getattr(torch, out_dtype), device="cuda").fill_(float("nan"))
-    res = lowbit.gpt_oss_moe_mlp(**dev, alpha=alpha, limit=limit, act=act, out=out)
+    res = lowbit.gpt_oss_moe_mlp(**dev, alpha=alpha, limit=limit, act=act, out=out, packed=packed)
     assert res is out
     got = _to_host(torch, out)
     stale = np.isnan(got)
@@ -765,8 +776,26 @@ MLP = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,H,act,x_dtype,out_dtype,bias_dtype", MLP,
                          ids=[f"T{c[0]}-H{c[1]}-{c[2]}-x{c[3]}-out{c[4]}-b{c[5]}" for c in MLP])
-def test_moe_mlp(torch, T, H, act, x_dtype, out_dtype, bias_dtype):
-    _check_mlp(torch, T, H, act, x_dtype, out_dtype, bias_dtype, seed=T + H, label=f"T{T} H{H} {act}")
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_moe_mlp(torch, T, H, act, x_dtype, out_dtype, bias_dtype, packed):
+    _check_mlp(torch, T, H, act, x_dtype, out_dtype, bias_dtype, seed=T + H, label=f"T{T} H{H} {act}", packed=packed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,layout", [(136, 160, "row_major"), (2880, 2880, "blocked128x4"), (8, 32, "row_major"),
+                                        (256, 512, "blocked128x4")])
+def test_group_gemm_prepack_cuda_matches_cpu(torch, n, k, layout):
+    """The device prepack writes the same bytes as the CPU one (padding included)."""
+    rng = np.random.default_rng(n + k)
+    b = rng.integers(0, 256, (3, n, k // 2), dtype=np.uint8)
+    sc = rng.integers(0, 256, (3, n, k // 32), dtype=np.uint8)
+    st = sc if layout == "row_major" else lowbit.convert_scale_layout(sc, n, k // 32, "row_major", "blocked128x4")
+    pb, ps = lowbit.group_gemm_mxfp4_prepack(b, st, b_scale_layout=layout)
+    db, ds = _dev(torch, b), _dev(torch, st)
+    gb, gs = lowbit.group_gemm_mxfp4_prepack(db, ds, b_scale_layout=layout)
+    assert gb.is_cuda and gs.is_cuda
+    np.testing.assert_array_equal(gb.cpu().numpy(), np.asarray(pb))
+    np.testing.assert_array_equal(gs.cpu().numpy(), np.asarray(ps))
 
 
 @pytest.mark.gpu

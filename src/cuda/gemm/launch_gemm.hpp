@@ -19,6 +19,8 @@ namespace lowbit::cuda {
 
 /// MXFP4-weight grouped GEMM (MXFP8 or bf16 activations), groups from a device m_indptr.
 int group_gemm_mxfp4(const detail::GroupGemmPlan& p, void* stream);
+/// group_gemm_mxfp4_prepack on the device (same bytes as ref::mxfp4_prepack).
+int mxfp4_prepack(const detail::Mxfp4PackPlan& p, void* stream);
 /// The gpt-oss expert MLP (route, gather, gate_up + SwiGLU, down, weighted sum) on the device.
 int gpt_oss_moe_mlp(const detail::MoeMlpPlan& p, void* stream);
 

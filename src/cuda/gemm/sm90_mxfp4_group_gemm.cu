@@ -31,6 +31,7 @@
 #include "cuda/gemm/workspace.cuh"
 #include "lowbit/block_quant.hpp"
 #include "lowbit/gemm.hpp"
+#include "lowbit/mxfp4_pack.hpp"
 
 namespace lowbit::cuda {
 using namespace lowbit::detail;
@@ -63,6 +64,7 @@ struct GroupArgs {
   int NT = 16, KT = 64;                          ///< tokens per CTA, K per stage
   const uint8_t* b = nullptr;
   int64_t b_sG = 0, b_sN = 0;
+  bool packed = false;  ///< b / bs from group_gemm_mxfp4_prepack (lowbit/mxfp4_pack.hpp; bs row-major)
   const uint8_t* bs = nullptr;  ///< weight scales
   bool bs_blocked = false;      ///< 128x4 (spb) or row-major (bs_sG, bs_sN)
   int64_t bs_sG = 0, bs_sN = 0;
@@ -106,8 +108,8 @@ struct GroupArgs {
     return bs_blocked ? bs + spb.offset(g, n, c) : bs + g * bs_sG + n * bs_sN + c;
   }
   __device__ float weight(int64_t g, int64_t n, int64_t k) const {
-    const uint8_t code = (b[g * b_sG + n * b_sN + (k >> 1)] >> ((k & 1) * 4)) & 0xF;
-    return decode_e2m1(code) * decode_ue8m0(*wscale_ptr(g, n, k >> 5));
+    const uint32_t code = mxfp4_row_code(b + g * b_sG + n * b_sN, k, packed);
+    return decode_e2m1(uint8_t(code)) * decode_ue8m0(*wscale_ptr(g, n, k >> 5));
   }
 };
 
@@ -255,7 +257,10 @@ struct StageShape {
   static constexpr int kBlocks = KT / 32;              // MX blocks of a row
 };
 
-template <int NT, int S, int KT>
+/// PK: weights and scales in the prepacked layout (lowbit/mxfp4_pack.hpp): rows padded to 128 and K
+/// to 256 (no bounds checks on them), one mask (and shift) per decoded bf16x2, the scale bytes of a
+/// row's K tile in one aligned copy.
+template <int NT, int S, int KT, bool PK>
 __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   using SS = StageShape<KT>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -299,7 +304,7 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   for (int j = 0; j < kWIters; ++j) {
     const int i = tid + 256 * j, row = i / (KT / 32), c = i % (KT / 32);
     const int64_t R = R0 + row;
-    wok[j] = R < A.N;
+    wok[j] = PK || R < A.N;  // packed rows are padded to 128
     wptr[j] = A.b + grp * A.b_sG + (wok[j] ? A.wrow(R) : 0) * A.b_sN + c * 16;
     wdst[j] = uint32_t(kActBytes + row * SS::kWRow + c * 16);
     wk[j] = c * 32;
@@ -331,13 +336,24 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
     aptr[j] = A.act + (aok[j] ? m : 0) * A.Kp + c * 8;
     adst[j] = uint32_t((c >> 3) * NT * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
   }
+  const uint8_t* pk_sptr = PK && tid < kRows ? A.bs + grp * A.bs_sG + A.wrow(R0 + tid) * A.bs_sN : nullptr;
   const uint32_t smem_base = smem_u32(smem);
   auto load_weights = [&](int64_t it) {
     const int64_t kt = kt0 + it;
     const uint32_t st = smem_base + uint32_t((it % S) * kStageBytes);
 #pragma unroll
     for (int j = 0; j < kWIters; ++j)
-      cp_async16(st + wdst[j], wptr[j] + kt * (KT / 2), wok[j] && kt * KT + wk[j] < A.K);
+      cp_async16(st + wdst[j], wptr[j] + kt * (KT / 2), wok[j] && (PK || kt * KT + wk[j] < A.K));
+    if constexpr (PK) {  // row r's KT/32 scale bytes (KT = 64: the aligned word of two tiles) at r * 8
+      if (tid < kRows) {
+        const uint32_t d = st + uint32_t(kActBytes + SS::kWBytes + tid * 8);
+        if constexpr (KT == 256)
+          cp_async8(d, pk_sptr + kt * 8);
+        else
+          cp_async4(d, pk_sptr + (KT == 64 ? (kt >> 1) * 4 : kt * 4), true);
+      }
+      return;
+    }
     const int64_t blk0 = kt * SS::kBlocks;  // first MX block of the tile
 #pragma unroll
     for (int j = 0; j < kSIters; ++j) {
@@ -410,13 +426,29 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
       q0[2 * i] = x0.x; q0[2 * i + 1] = x0.y;
       q1[2 * i] = x1.x; q1[2 * i + 1] = x1.y;
     }
+    uint32_t S0[kTBlk], S1[kTBlk];
+    if constexpr (PK) {
+      // row r's scale bytes at r * 8: this thread's block b is byte `byte` of word `wi`
+      const uint32_t* sp0 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + rl * 8);
+      const uint32_t* sp1 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + (rl + 8) * 8);
+      const int wi = KT == 256 ? (t >> 1) : 0;
+      const uint32_t w0 = sp0[wi], w1 = sp1[wi];
+#pragma unroll
+      for (int b = 0; b < kTBlk; ++b) {
+        const uint32_t byte = KT == 256 ? uint32_t(2 * (t & 1) + b) : KT == 128 ? uint32_t(t) : uint32_t(2 * (kt & 1) + (t >> 1));
+        const uint32_t sel = byte | 0x40u | (byte << 8) | 0x4000u;  // the byte in both halves
+        const uint32_t y0 = __byte_perm(w0, 0u, sel), y1 = __byte_perm(w1, 0u, sel);
+        bad |= ((y0 & 0xFFu) > 128u) | ((y1 & 0xFFu) > 128u);
+        S0[b] = (y0 + 0x007E007Eu) << 7;  // bf16x2 of 2^(s-1)
+        S1[b] = (y1 + 0x007E007Eu) << 7;
+      }
+    } else {
     // scale bytes of this thread's MX blocks (kTBlk per row)
     const uint32_t* sw0 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + rl * 4 * SS::kSW);
     const uint32_t* sw1 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + (rl + 8) * 4 * SS::kSW);
     const uint32_t u00 = sw0[0], u01 = sw0[1], u02 = SS::kSW > 2 ? sw0[SS::kSW - 1] : 0u;
     const uint32_t u10 = sw1[0], u11 = sw1[1], u12 = SS::kSW > 2 ? sw1[SS::kSW - 1] : 0u;
     const int64_t blk0 = kt * SS::kBlocks;
-    uint32_t S0[kTBlk], S1[kTBlk];
 #pragma unroll
     for (int b = 0; b < kTBlk; ++b) {
       // this thread's block within the tile: KT = 64: t / 2 (two quads share one); else t * kTBlk + b
@@ -434,12 +466,28 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
       S0[b] = ((sb0 + 126u) << 7) * 0x10001u;  // bf16x2 of 2^(s-1)
       S1[b] = ((sb1 + 126u) << 7) * 0x10001u;
     }
+    }
 
     uint32_t a[kSteps][4];
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
       const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1];
       const uint32_t sA = S0[(j * kTBlk) / kSteps], sB = S1[(j * kTBlk) / kSteps];
+      if constexpr (PK) {  // the four masks of lowbit/mxfp4_pack.hpp
+        constexpr uint32_t kM = 0x81C081C0u;
+        if ((j & 1) == 0) {
+          a[j][0] = bmul2(x0 & kM, sA);
+          a[j][1] = bmul2(x1 & kM, sB);
+          a[j][2] = bmul2((x0 << 3) & kM, sA);
+          a[j][3] = bmul2((x1 << 3) & kM, sB);
+        } else {
+          a[j][0] = bmul2((x0 << 6) & kM, sA);
+          a[j][1] = bmul2((x1 << 6) & kM, sB);
+          a[j][2] = bmul2(((x0 >> 4) & 0x00C000C0u) | ((x0 >> 5) & 0x01000100u) | ((x0 << 1) & 0x80008000u), sA);
+          a[j][3] = bmul2(((x1 >> 4) & 0x00C000C0u) | ((x1 >> 5) & 0x01000100u) | ((x1 << 1) & 0x80008000u), sB);
+        }
+        continue;
+      }
       const uint32_t b = 2 * (j & 1);  // byte of K elements +4j, +1; byte b + 1: +2, +3
       const uint32_t lo_sel = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
       const uint32_t hi_sel = lo_sel + 0x1111u;
@@ -514,16 +562,21 @@ __global__ void group_finalize_kernel(GroupArgs A) {
   }
 }
 
-template <int NT, int S, int KT>
-cudaError_t launch_group(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
+template <int NT, int S, int KT, bool PK>
+cudaError_t launch_group_pk(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
   using SS = StageShape<KT>;
   constexpr int kStageBytes = (NT * KT * 2 + SS::kWBytes + SS::kSBytes + 1023) / 1024 * 1024;
   constexpr int smem = S * kStageBytes + 1024;
-  auto kern = group_gemm_kernel<NT, S, KT>;
+  auto kern = group_gemm_kernel<NT, S, KT, PK>;
   static std::atomic<uint64_t> opted{0};
   if (cudaError_t e = opt_in_smem(kern, smem, device, opted); e != cudaSuccess) return e;
   dim3 grid(unsigned((a.N + kRows - 1) / kRows), unsigned(max_tiles), unsigned(a.splits));
   return launch_pdl(kern, grid, dim3(256), size_t(smem), st, a);
+}
+template <int NT, int S, int KT>
+cudaError_t launch_group(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
+  return a.packed ? launch_group_pk<NT, S, KT, true>(a, max_tiles, device, st)
+                  : launch_group_pk<NT, S, KT, false>(a, max_tiles, device, st);
 }
 
 /// Tokens per CTA (from the mean rows per non-empty group) and the K tile that goes with it.
@@ -599,7 +652,7 @@ int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
   a.M = p.M; a.N = p.N; a.K = p.K; a.G = p.G;
   pick_tile(p.M, p.G, &a.NT, &a.KT);
   a.Kp = (p.K + a.KT - 1) / a.KT * a.KT;
-  a.b = p.b; a.b_sG = p.b_sG; a.b_sN = p.b_sN;
+  a.b = p.b; a.b_sG = p.b_sG; a.b_sN = p.b_sN; a.packed = p.b_packed;
   a.bs = p.b_scale;
   a.bs_blocked = p.spb.layout.kind == ScaleLayoutKind::kBlocked128x4;
   a.bs_sG = p.spb.batch_stride;
@@ -626,6 +679,43 @@ int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
   if (e == cudaSuccess) e = run_group(a, p.M, pool, st);
   cudaFreeAsync(act, st);
   return int(e);
+}
+
+namespace {
+
+/// group_gemm_mxfp4_prepack: one thread per packed 32-bit word (and per packed scale byte).
+__global__ void mxfp4_prepack_kernel(Mxfp4PackPlan p, int64_t Np, int64_t Kp) {
+  const int64_t words = p.G * Np * (Kp / 8), scales = p.G * Np * (Kp / 32);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < words + scales;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if (i < words) {
+      const int64_t gn = i / (Kp / 8), w = i % (Kp / 8), g = gn / Np, n = gn % Np;
+      uint32_t word = 0;
+      if (n < p.N && 8 * w < p.K) {
+        const uint8_t* src = p.b + g * p.b_sG + n * p.b_sN + 4 * w;
+        word = mxfp4_pack_word(uint32_t(src[0]) | (uint32_t(src[1]) << 8) | (uint32_t(src[2]) << 16) |
+                               (uint32_t(src[3]) << 24));
+      }
+      reinterpret_cast<uint32_t*>(p.packed_b)[i] = word;
+    } else {
+      const int64_t j = i - words, gn = j / (Kp / 32), c = j % (Kp / 32), g = gn / Np, n = gn % Np;
+      p.packed_scale[j] = n < p.N && c < p.K / 32 ? p.b_scale[p.spb.offset(g, n, c)] : kMxfp4PackPadScale;
+    }
+  }
+}
+
+}  // namespace
+
+int mxfp4_prepack(const Mxfp4PackPlan& p, void* stream) {
+  const int64_t Np = (p.N + kMxfp4PackRows - 1) / kMxfp4PackRows * kMxfp4PackRows;
+  const int64_t Kp = (p.K + kMxfp4PackK - 1) / kMxfp4PackK * kMxfp4PackK;
+  const int64_t n = p.G * Np * (Kp / 8 + Kp / 32);
+  if (n == 0) return 0;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const int64_t blocks = (n + 255) / 256, cap = 8 * int64_t(sm_count(dev));
+  mxfp4_prepack_kernel<<<unsigned(blocks < cap ? blocks : cap), 256, 0, static_cast<cudaStream_t>(stream)>>>(p, Np, Kp);
+  return int(cudaGetLastError());
 }
 
 namespace {
@@ -769,6 +859,7 @@ int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
   a.KT = KT;
   a.out_kt = KT;
   a.bs_blocked = false;
+  a.packed = p.packed;
   if (e == cudaSuccess) {  // gate_up: [rows, 2I] -> SwiGLU -> y
     a.N = 2 * p.I; a.K = p.H; a.Kp = Hp;
     a.b = p.w1; a.b_sG = p.w1_sE; a.b_sN = p.w1_sR;

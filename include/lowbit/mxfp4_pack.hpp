@@ -1,0 +1,61 @@
+// lowbit/mxfp4_pack.hpp: the prepacked MXFP4 weight layout of the sm_90a grouped GEMM and MoE MLP
+// (group_gemm_mxfp4_prepack). Host and device.
+//
+// Shapes: packed_b [G, Np, Kp/2] uint8 and packed_scale [G, Np, Kp/32] uint8 (row-major), with
+// Np = N rounded up to 128 and Kp = K rounded up to 256; padding rows / K are zero codes with
+// scale byte 127. Each little-endian 32-bit word of a row still holds the 8 elements 8w .. 8w+7,
+// with its bits reordered so that the kernel turns the word into the four bf16x2 pairs
+// (e0, e1), (e2, e3), (e4, e5), (e6, e7) — each as e2m1 * 2^-126 in bf16 bits: sign at bit 15,
+// exponent/mantissa bits e1 e0 m at bits 8..6 — with one mask (and a shift) per pair:
+//   pair 0: x & 0x81C081C0          pair 1: (x << 3) & 0x81C081C0
+//   pair 2: (x << 6) & 0x81C081C0   pair 3: ((x >> 4) & 0x00C000C0) | ((x >> 5) & 0x01000100) | ((x << 1) & 0x80008000)
+// Element 2p of pair p (low half) and 2p + 1 (high half, +16 bits): pairs 0..2 keep the 3 code bits
+// at 6-3p .. 8-3p and the sign at 15-3p; pair 3 keeps them at 10, 11, 13 and the sign at 14.
+#pragma once
+
+#include <cstdint>
+
+#include "lowbit/config.hpp"
+
+namespace lowbit {
+
+constexpr int64_t kMxfp4PackRows = 128;  ///< Np = N rounded up to this
+constexpr int64_t kMxfp4PackK = 256;     ///< Kp = K rounded up to this
+constexpr uint8_t kMxfp4PackPadScale = 127;
+
+namespace detail {
+
+/// Bit of the packed word that holds bit `i` (0..3: m, e0, e1, sign) of element e (0..7).
+LOWBIT_HOST_DEVICE constexpr int mxfp4_pack_bit(int e, int i) {
+  const int p = e >> 1, h = 16 * (e & 1);
+  if (p < 3) return h + (i < 3 ? 6 - 3 * p + i : 15 - 3 * p);
+  constexpr int kP3[4] = {10, 11, 13, 14};
+  return h + kP3[i];
+}
+
+}  // namespace detail
+
+/// The packed word of 8 naturally ordered E2M1 nibbles (element e in bits 4e .. 4e+3).
+LOWBIT_HOST_DEVICE uint32_t mxfp4_pack_word(uint32_t natural) {
+  uint32_t r = 0;
+  for (int e = 0; e < 8; ++e)
+    for (int i = 0; i < 4; ++i) r |= ((natural >> (4 * e + i)) & 1u) << detail::mxfp4_pack_bit(e, i);
+  return r;
+}
+
+/// E2M1 code of element e (0..7) of a packed word.
+LOWBIT_HOST_DEVICE uint32_t mxfp4_packed_code(uint32_t packed, int e) {
+  uint32_t c = 0;
+  for (int i = 0; i < 4; ++i) c |= ((packed >> detail::mxfp4_pack_bit(e, i)) & 1u) << i;
+  return c;
+}
+
+/// E2M1 code of element k of a weight row (`packed`: a row of packed_b, 4-byte aligned).
+LOWBIT_HOST_DEVICE uint32_t mxfp4_row_code(const uint8_t* row, int64_t k, bool packed) {
+  if (!packed) return (row[k >> 1] >> ((k & 1) * 4)) & 0xFu;
+  const uint8_t* w = row + (k >> 3) * 4;
+  const uint32_t word = uint32_t(w[0]) | (uint32_t(w[1]) << 8) | (uint32_t(w[2]) << 16) | (uint32_t(w[3]) << 24);
+  return mxfp4_packed_code(word, int(k & 7));
+}
+
+}  // namespace lowbit
