@@ -255,6 +255,9 @@ struct StageShape {
   static constexpr int kWBytes = kRows * kWRow;
   static constexpr int kSBytes = kRows * 4 * kSW;
   static constexpr int kBlocks = KT / 32;              // MX blocks of a row
+  /// Stored 16-byte chunk of chunk c of weight row `row` in a stage: XOR-swizzled by the row, so
+  /// that the 8 rows a wgmma fragment load touches at once fall in different banks.
+  __device__ static constexpr int chunk(int row, int c) { return c ^ (row & (KT / 32 - 1)); }
 };
 
 /// PK: weights and scales in the prepacked layout (lowbit/mxfp4_pack.hpp): rows padded to 128 and K
@@ -306,7 +309,7 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
     const int64_t R = R0 + row;
     wok[j] = PK || R < A.N;  // packed rows are padded to 128
     wptr[j] = A.b + grp * A.b_sG + (wok[j] ? A.wrow(R) : 0) * A.b_sN + c * 16;
-    wdst[j] = uint32_t(kActBytes + row * SS::kWRow + c * 16);
+    wdst[j] = uint32_t(kActBytes + row * SS::kWRow + SS::chunk(row, c) * 16);
     wk[j] = c * 32;
   }
   constexpr int kSPieces = kRows * SS::kSW, kSIters = (kSPieces + 255) / 256;
@@ -343,14 +346,14 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
     const uint32_t st = smem_base + uint32_t((it % S) * kStageBytes);
 #pragma unroll
     for (int j = 0; j < kWIters; ++j)
-      cp_async16(st + wdst[j], wptr[j] + kt * (KT / 2), wok[j] && (PK || kt * KT + wk[j] < A.K));
+      cp_async16(st + wdst[j], wptr[j] + uint32_t(kt) * (KT / 2), wok[j] && (PK || kt * KT + wk[j] < A.K));
     if constexpr (PK) {  // row r's KT/32 scale bytes (KT = 64: the aligned word of two tiles) at r * 8
       if (tid < kRows) {
         const uint32_t d = st + uint32_t(kActBytes + SS::kWBytes + tid * 8);
         if constexpr (KT == 256)
-          cp_async8(d, pk_sptr + kt * 8);
+          cp_async8(d, pk_sptr + uint32_t(kt) * 8);
         else
-          cp_async4(d, pk_sptr + (KT == 64 ? (kt >> 1) * 4 : kt * 4), true);
+          cp_async4(d, pk_sptr + (KT == 64 ? (uint32_t(kt) >> 1) * 4 : uint32_t(kt) * 4), true);
       }
       return;
     }
@@ -377,7 +380,7 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
     const uint32_t st = smem_base + uint32_t((it % S) * kStageBytes);
 #pragma unroll
     for (int j = 0; j < kAIters; ++j)
-      if (aload[j]) cp_async16(st + adst[j], aptr[j] + kt * KT, aok[j]);
+      if (aload[j]) cp_async16(st + adst[j], aptr[j] + uint32_t(kt) * KT, aok[j]);
   };
 
   float acc[NT / 2];
@@ -405,6 +408,7 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   const uintptr_t sc_addr1 =
       reinterpret_cast<uintptr_t>(A.wscale_ptr(grp, R0 + rl + 8 < A.N ? A.wrow(R0 + rl + 8) : 0, 0));
   bool bad = false;
+  const uint64_t desc0 = desc_sw128(smem_base);
   for (int64_t it = 0; it < nkt; ++it) {
     cp_async_wait<S - 2>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -418,13 +422,22 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
     const int64_t kt = kt0 + it;
     const uint8_t* st = smem + (it % S) * kStageBytes;
     const uint8_t* wt = st + kActBytes;
-    uint32_t q0[kTB / 4], q1[kTB / 4];
+    uint32_t q0[kTB / 4], q1[kTB / 4];  // this thread's kTB bytes of rows rl and rl + 8 (same swizzle)
+    if constexpr (KT == 64) {  // half a chunk
+      const int off = SS::chunk(rl, t >> 1) * 16 + (t & 1) * 8;
+      const uint2 x0 = *reinterpret_cast<const uint2*>(wt + rl * SS::kWRow + off);
+      const uint2 x1 = *reinterpret_cast<const uint2*>(wt + (rl + 8) * SS::kWRow + off);
+      q0[0] = x0.x; q0[1] = x0.y;
+      q1[0] = x1.x; q1[1] = x1.y;
+    } else {
 #pragma unroll
-    for (int i = 0; i < kTB / 8; ++i) {
-      const uint2 x0 = reinterpret_cast<const uint2*>(wt + rl * SS::kWRow + kTB * t)[i];
-      const uint2 x1 = reinterpret_cast<const uint2*>(wt + (rl + 8) * SS::kWRow + kTB * t)[i];
-      q0[2 * i] = x0.x; q0[2 * i + 1] = x0.y;
-      q1[2 * i] = x1.x; q1[2 * i + 1] = x1.y;
+      for (int i = 0; i < kTB / 16; ++i) {
+        const int off = SS::chunk(rl, (kTB / 16) * t + i) * 16;
+        const uint4 x0 = *reinterpret_cast<const uint4*>(wt + rl * SS::kWRow + off);
+        const uint4 x1 = *reinterpret_cast<const uint4*>(wt + (rl + 8) * SS::kWRow + off);
+        q0[4 * i] = x0.x; q0[4 * i + 1] = x0.y; q0[4 * i + 2] = x0.z; q0[4 * i + 3] = x0.w;
+        q1[4 * i] = x1.x; q1[4 * i + 1] = x1.y; q1[4 * i + 2] = x1.z; q1[4 * i + 3] = x1.w;
+      }
     }
     uint32_t S0[kTBlk], S1[kTBlk];
     if constexpr (PK) {
@@ -496,13 +509,15 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
       a[j][2] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x0, x0 >> 4, hi_sel)), sA);
       a[j][3] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x1, x1 >> 4, hi_sel)), sB);
     }
-    const uint32_t abase = smem_u32(st);
+    // descriptor of this stage's activation tile: the stage-0 descriptor plus the stage offset in
+    // its 16-byte address field (no carry out of the field: shared addresses are below 2^18)
+    const uint64_t dstage = desc0 + uint64_t(((it % S) * kStageBytes) >> 4);
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int j = 0; j < kSteps; ++j)
-      wgmma_call<NT>(a[j], desc_sw128(abase + (j >> 2) * NT * 128 + (j & 3) * 32), acc,
+      wgmma_call<NT>(a[j], dstage + uint64_t(((j >> 2) * NT * 128 + (j & 3) * 32) >> 4), acc,
                      std::make_index_sequence<NT / 2>{});
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<0>();
