@@ -22,6 +22,9 @@ namespace lowbit {
 constexpr int64_t kMxfp4PackRows = 128;  ///< Np = N rounded up to this
 constexpr int64_t kMxfp4PackK = 256;     ///< Kp = K rounded up to this
 constexpr uint8_t kMxfp4PackPadScale = 127;
+/// Np and Kp of the packed tensors for N rows of K elements.
+constexpr int64_t mxfp4_packed_rows(int64_t N) { return (N + kMxfp4PackRows - 1) / kMxfp4PackRows * kMxfp4PackRows; }
+constexpr int64_t mxfp4_packed_k(int64_t K) { return (K + kMxfp4PackK - 1) / kMxfp4PackK * kMxfp4PackK; }
 
 namespace detail {
 

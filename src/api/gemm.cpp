@@ -193,13 +193,12 @@ namespace lowbit {
 using namespace detail;
 
 namespace {
-int64_t round_up(int64_t v, int64_t q) { return (v + q - 1) / q * q; }
 
 /// Checks a group_gemm_mxfp4_prepack pair for G experts of N x K and returns the row-major plan
 /// of its scales.
 void check_packed_weights(Checker& c, const TensorView& b, const char* b_arg, const TensorView& s, const char* s_arg,
                           int64_t G, int64_t N, int64_t K, ScalePlan* sp) {
-  const int64_t Np = round_up(N, kMxfp4PackRows), Kp = round_up(K, kMxfp4PackK);
+  const int64_t Np = mxfp4_packed_rows(N), Kp = mxfp4_packed_k(K);
   c.present(b, b_arg);
   c.dtype(b, b_arg, {DType::kUInt8, DType::kFloat4E2M1x2});
   c.shape(b, b_arg, {G, Np, Kp / 2});

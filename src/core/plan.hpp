@@ -5,6 +5,7 @@
 
 #include "lowbit/block_quant.hpp"
 #include "lowbit/dtype.hpp"
+#include "lowbit/mxfp4_pack.hpp"
 #include "lowbit/scale_layout.hpp"
 #include "lowbit/tensor.hpp"
 
@@ -214,6 +215,18 @@ struct Mxfp4PackPlan {
   ScalePlan spb;
   uint8_t* packed_b = nullptr;
   uint8_t* packed_scale = nullptr;
+
+  /// Packed word w (elements 8w .. 8w+7) of padded row n of expert g (zero beyond N and K).
+  LOWBIT_HOST_DEVICE uint32_t word(int64_t g, int64_t n, int64_t w) const {
+    if (n >= N || 8 * w >= K) return 0;
+    const uint8_t* src = b + g * b_sG + n * b_sN + 4 * w;
+    return mxfp4_pack_word(uint32_t(src[0]) | (uint32_t(src[1]) << 8) | (uint32_t(src[2]) << 16) |
+                           (uint32_t(src[3]) << 24));
+  }
+  /// Packed scale byte of MX block c of padded row n of expert g.
+  LOWBIT_HOST_DEVICE uint8_t scale(int64_t g, int64_t n, int64_t c) const {
+    return n < N && c < K / 32 ? b_scale[spb.offset(g, n, c)] : kMxfp4PackPadScale;
+  }
 };
 
 struct MoeMlpPlan {

@@ -119,23 +119,16 @@ double mxfp4_row_dot(const uint8_t* w, const uint8_t* ws, const float* v, int64_
 }  // namespace
 
 void mxfp4_prepack(const Mxfp4PackPlan& p) {
-  const int64_t Np = (p.N + kMxfp4PackRows - 1) / kMxfp4PackRows * kMxfp4PackRows;
-  const int64_t Kp = (p.K + kMxfp4PackK - 1) / kMxfp4PackK * kMxfp4PackK;
+  const int64_t Np = mxfp4_packed_rows(p.N), Kp = mxfp4_packed_k(p.K);
   parallel_for(p.G * Np, [&](int64_t gn) {
     const int64_t g = gn / Np, n = gn % Np;
     uint8_t* out = p.packed_b + gn * (Kp / 2);
     for (int64_t w = 0; w < Kp / 8; ++w) {
-      uint32_t word = 0;
-      if (n < p.N && 8 * w < p.K) {
-        const uint8_t* src = p.b + g * p.b_sG + n * p.b_sN + 4 * w;
-        word = mxfp4_pack_word(uint32_t(src[0]) | (uint32_t(src[1]) << 8) | (uint32_t(src[2]) << 16) |
-                               (uint32_t(src[3]) << 24));
-      }
+      const uint32_t word = p.word(g, n, w);
       for (int i = 0; i < 4; ++i) out[4 * w + i] = uint8_t(word >> (8 * i));
     }
     uint8_t* so = p.packed_scale + gn * (Kp / 32);
-    for (int64_t c = 0; c < Kp / 32; ++c)
-      so[c] = n < p.N && c < p.K / 32 ? p.b_scale[p.spb.offset(g, n, c)] : kMxfp4PackPadScale;
+    for (int64_t c = 0; c < Kp / 32; ++c) so[c] = p.scale(g, n, c);
   });
 }
 

@@ -704,17 +704,11 @@ __global__ void mxfp4_prepack_kernel(Mxfp4PackPlan p, int64_t Np, int64_t Kp) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < words + scales;
        i += int64_t(gridDim.x) * blockDim.x) {
     if (i < words) {
-      const int64_t gn = i / (Kp / 8), w = i % (Kp / 8), g = gn / Np, n = gn % Np;
-      uint32_t word = 0;
-      if (n < p.N && 8 * w < p.K) {
-        const uint8_t* src = p.b + g * p.b_sG + n * p.b_sN + 4 * w;
-        word = mxfp4_pack_word(uint32_t(src[0]) | (uint32_t(src[1]) << 8) | (uint32_t(src[2]) << 16) |
-                               (uint32_t(src[3]) << 24));
-      }
-      reinterpret_cast<uint32_t*>(p.packed_b)[i] = word;
+      const int64_t gn = i / (Kp / 8);
+      reinterpret_cast<uint32_t*>(p.packed_b)[i] = p.word(gn / Np, gn % Np, i % (Kp / 8));
     } else {
-      const int64_t j = i - words, gn = j / (Kp / 32), c = j % (Kp / 32), g = gn / Np, n = gn % Np;
-      p.packed_scale[j] = n < p.N && c < p.K / 32 ? p.b_scale[p.spb.offset(g, n, c)] : kMxfp4PackPadScale;
+      const int64_t j = i - words, gn = j / (Kp / 32);
+      p.packed_scale[j] = p.scale(gn / Np, gn % Np, j % (Kp / 32));
     }
   }
 }
@@ -722,8 +716,7 @@ __global__ void mxfp4_prepack_kernel(Mxfp4PackPlan p, int64_t Np, int64_t Kp) {
 }  // namespace
 
 int mxfp4_prepack(const Mxfp4PackPlan& p, void* stream) {
-  const int64_t Np = (p.N + kMxfp4PackRows - 1) / kMxfp4PackRows * kMxfp4PackRows;
-  const int64_t Kp = (p.K + kMxfp4PackK - 1) / kMxfp4PackK * kMxfp4PackK;
+  const int64_t Np = mxfp4_packed_rows(p.N), Kp = mxfp4_packed_k(p.K);
   const int64_t n = p.G * Np * (Kp / 8 + Kp / 32);
   if (n == 0) return 0;
   int dev = 0;
