@@ -46,6 +46,16 @@ LOWBIT_HOST_DEVICE uint32_t mxfp4_pack_word(uint32_t natural) {
   return r;
 }
 
+/// Pair q (0..3) of a packed word as bf16x2 bits of e2m1 * 2^-126: elements 2q (low half) and
+/// 2q + 1 (high half). The kernel's decode; q is a compile-time constant there.
+LOWBIT_HOST_DEVICE constexpr uint32_t mxfp4_packed_pair(uint32_t x, int q) {
+  constexpr uint32_t kM = 0x81C081C0u;
+  return q == 0   ? x & kM
+         : q == 1 ? (x << 3) & kM
+         : q == 2 ? (x << 6) & kM
+                  : ((x >> 4) & 0x00C000C0u) | ((x >> 5) & 0x01000100u) | ((x << 1) & 0x80008000u);
+}
+
 /// E2M1 code of element e (0..7) of a packed word.
 LOWBIT_HOST_DEVICE uint32_t mxfp4_packed_code(uint32_t packed, int e) {
   uint32_t c = 0;

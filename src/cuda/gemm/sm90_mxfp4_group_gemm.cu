@@ -456,29 +456,29 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
         S1[b] = (y1 + 0x007E007Eu) << 7;
       }
     } else {
-    // scale bytes of this thread's MX blocks (kTBlk per row)
-    const uint32_t* sw0 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + rl * 4 * SS::kSW);
-    const uint32_t* sw1 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + (rl + 8) * 4 * SS::kSW);
-    const uint32_t u00 = sw0[0], u01 = sw0[1], u02 = SS::kSW > 2 ? sw0[SS::kSW - 1] : 0u;
-    const uint32_t u10 = sw1[0], u11 = sw1[1], u12 = SS::kSW > 2 ? sw1[SS::kSW - 1] : 0u;
-    const int64_t blk0 = kt * SS::kBlocks;
+      // scale bytes of this thread's MX blocks (kTBlk per row)
+      const uint32_t* sw0 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + rl * 4 * SS::kSW);
+      const uint32_t* sw1 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + (rl + 8) * 4 * SS::kSW);
+      const uint32_t u00 = sw0[0], u01 = sw0[1], u02 = SS::kSW > 2 ? sw0[SS::kSW - 1] : 0u;
+      const uint32_t u10 = sw1[0], u11 = sw1[1], u12 = SS::kSW > 2 ? sw1[SS::kSW - 1] : 0u;
+      const int64_t blk0 = kt * SS::kBlocks;
 #pragma unroll
-    for (int b = 0; b < kTBlk; ++b) {
-      // this thread's block within the tile: KT = 64: t / 2 (two quads share one); else t * kTBlk + b
-      const uint32_t lb = KT == 64 ? uint32_t(t >> 1) : uint32_t(t * kTBlk + b);
-      uint32_t base0, base1;
-      if (A.bs_blocked) {
-        base0 = base1 = KT == 64 ? uint32_t(2 * (kt & 1)) : 0u;
-      } else {
-        base0 = uint32_t((sc_addr0 + blk0) & 3);
-        base1 = uint32_t((sc_addr1 + blk0) & 3);
+      for (int b = 0; b < kTBlk; ++b) {
+        // this thread's block within the tile: KT = 64: t / 2 (two quads share one); else t * kTBlk + b
+        const uint32_t lb = KT == 64 ? uint32_t(t >> 1) : uint32_t(t * kTBlk + b);
+        uint32_t base0, base1;
+        if (A.bs_blocked) {
+          base0 = base1 = KT == 64 ? uint32_t(2 * (kt & 1)) : 0u;
+        } else {
+          base0 = uint32_t((sc_addr0 + blk0) & 3);
+          base1 = uint32_t((sc_addr1 + blk0) & 3);
+        }
+        uint32_t sb0 = pick_byte(u00, u01, u02, base0 + lb), sb1 = pick_byte(u10, u11, u12, base1 + lb);
+        if (blk0 + lb >= KG) sb0 = sb1 = 0;  // K tail: zero weights, any finite scale
+        bad |= (sb0 > 128u) | (sb1 > 128u);
+        S0[b] = ((sb0 + 126u) << 7) * 0x10001u;  // bf16x2 of 2^(s-1)
+        S1[b] = ((sb1 + 126u) << 7) * 0x10001u;
       }
-      uint32_t sb0 = pick_byte(u00, u01, u02, base0 + lb), sb1 = pick_byte(u10, u11, u12, base1 + lb);
-      if (blk0 + lb >= KG) sb0 = sb1 = 0;  // K tail: zero weights, any finite scale
-      bad |= (sb0 > 128u) | (sb1 > 128u);
-      S0[b] = ((sb0 + 126u) << 7) * 0x10001u;  // bf16x2 of 2^(s-1)
-      S1[b] = ((sb1 + 126u) << 7) * 0x10001u;
-    }
     }
 
     uint32_t a[kSteps][4];
@@ -486,19 +486,12 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
     for (int j = 0; j < kSteps; ++j) {
       const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1];
       const uint32_t sA = S0[(j * kTBlk) / kSteps], sB = S1[(j * kTBlk) / kSteps];
-      if constexpr (PK) {  // the four masks of lowbit/mxfp4_pack.hpp
-        constexpr uint32_t kM = 0x81C081C0u;
-        if ((j & 1) == 0) {
-          a[j][0] = bmul2(x0 & kM, sA);
-          a[j][1] = bmul2(x1 & kM, sB);
-          a[j][2] = bmul2((x0 << 3) & kM, sA);
-          a[j][3] = bmul2((x1 << 3) & kM, sB);
-        } else {
-          a[j][0] = bmul2((x0 << 6) & kM, sA);
-          a[j][1] = bmul2((x1 << 6) & kM, sB);
-          a[j][2] = bmul2(((x0 >> 4) & 0x00C000C0u) | ((x0 >> 5) & 0x01000100u) | ((x0 << 1) & 0x80008000u), sA);
-          a[j][3] = bmul2(((x1 >> 4) & 0x00C000C0u) | ((x1 >> 5) & 0x01000100u) | ((x1 << 1) & 0x80008000u), sB);
-        }
+      if constexpr (PK) {  // pairs 2(j&1) (K elements +4j, +1) and 2(j&1)+1 (+2, +3) of the word
+        const int q = 2 * (j & 1);
+        a[j][0] = bmul2(mxfp4_packed_pair(x0, q), sA);
+        a[j][1] = bmul2(mxfp4_packed_pair(x1, q), sB);
+        a[j][2] = bmul2(mxfp4_packed_pair(x0, q + 1), sA);
+        a[j][3] = bmul2(mxfp4_packed_pair(x1, q + 1), sB);
         continue;
       }
       const uint32_t b = 2 * (j & 1);  // byte of K elements +4j, +1; byte b + 1: +2, +3
