@@ -310,6 +310,18 @@ __device__ __forceinline__ uint32_t nf4_cell_code(float v, const NF4Cell* cells)
   return c.base + (v > c.thr ? 1u : 0u);
 }
 
+/// Elementwise min (kMax = false) or max of two bf16x2 / f16x2 words (a NaN lane gives the other
+/// operand, as fminf / fmaxf).
+template <bool kBf16, bool kMax>
+__device__ __forceinline__ uint32_t minmax16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  if (kBf16 && kMax) asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  if (kBf16 && !kMax) asm("min.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  if (!kBf16 && kMax) asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  if (!kBf16 && !kMax) asm("min.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // vector memory access
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
