@@ -233,24 +233,26 @@ struct VecQuant {
     // ---- block statistics
     uint32_t aw[8];  // 16-bit types: the words with both sign bits cleared
     BlockStats st;
-    if (kMinMax && k16) {
-      // packed min / max over the 16-bit pairs (exact; NaN blocks are caught by amax_bits, and
-      // the sign of a zero min / max does not matter, see below)
-      uint32_t mn2 = ch.w[0], mx2 = ch.w[0];
-#pragma unroll
-      for (int i = 1; i < 8; ++i) {
-        mn2 = dev::minmax16x2<T == DType::kBFloat16, false>(mn2, ch.w[i]);
-        mx2 = dev::minmax16x2<T == DType::kBFloat16, true>(mx2, ch.w[i]);
-      }
+    if (k16) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) aw[i] = ch.w[i] & 0x7FFF7FFFu;
       uint32_t h = __vimax3_u16x2(__vimax3_u16x2(aw[0], aw[1], aw[2]), __vimax3_u16x2(aw[3], aw[4], aw[5]),
                                   __vmaxu2(aw[6], aw[7]));
       h = max(h >> 16, h & 0xFFFFu);
       st.amax_bits = T == DType::kBFloat16 ? h << 16 : dev::fbits(dev::dec_f16(uint16_t(h)));
-      const dev::Chunk16<T> mm{{mn2, mx2}};
-      st.min = fminf(mm.get(0), mm.get(1));
-      st.max = fmaxf(mm.get(2), mm.get(3));
+      if (kMinMax) {
+        // packed min / max over the 16-bit pairs (exact; NaN blocks are caught by amax_bits, and
+        // the sign of a zero min / max does not matter, see below)
+        uint32_t mn2 = ch.w[0], mx2 = ch.w[0];
+#pragma unroll
+        for (int i = 1; i < 8; ++i) {
+          mn2 = dev::minmax16x2<T == DType::kBFloat16, false>(mn2, ch.w[i]);
+          mx2 = dev::minmax16x2<T == DType::kBFloat16, true>(mx2, ch.w[i]);
+        }
+        const dev::Chunk16<T> mm{{mn2, mx2}};
+        st.min = fminf(mm.get(0), mm.get(1));
+        st.max = fmaxf(mm.get(2), mm.get(3));
+      }
     } else if (kMinMax) {
       float mn = ch.get(0), mx = mn;
       uint32_t am = dev::fbits(mn) & 0x7FFFFFFFu;
@@ -267,13 +269,6 @@ struct VecQuant {
       st.amax_bits = am;
       st.min = mn;
       st.max = mx;
-    } else if (k16) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) aw[i] = ch.w[i] & 0x7FFF7FFFu;
-      uint32_t h = __vimax3_u16x2(__vimax3_u16x2(aw[0], aw[1], aw[2]), __vimax3_u16x2(aw[3], aw[4], aw[5]),
-                                  __vmaxu2(aw[6], aw[7]));
-      h = max(h >> 16, h & 0xFFFFu);
-      st.amax_bits = T == DType::kBFloat16 ? h << 16 : dev::fbits(dev::dec_f16(uint16_t(h)));
     } else {
       uint32_t am = 0;
 #pragma unroll
