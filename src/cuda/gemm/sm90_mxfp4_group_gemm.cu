@@ -20,6 +20,8 @@
 // K elements in the matching order (act_pos), so no weight prepack is needed. The grid is a host
 // upper bound of (row block, token tile, K split); each CTA finds its (group, tile) from m_indptr
 // on the device (no host sync) and exits if it has none.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -246,6 +248,42 @@ __device__ __forceinline__ void store_pair(const GroupArgs& A, int64_t g, int64_
 __device__ __forceinline__ uint32_t pick_byte(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t idx) {
   const uint32_t w = idx < 4 ? w0 : (idx < 8 ? w1 : w2);
   return (w >> (8 * (idx & 3))) & 0xFFu;
+}
+
+/// Epilogue of a CTA's tile, run by all its threads: the exactness checks (activation blocks the
+/// pre-pass flagged, weight scale bytes outside the window anywhere in the CTA), then this thread's
+/// accumulator rows rl, rl + 8 for its tokens (consumer false: none) to the output or the split-K
+/// partials.
+template <int NT, int KT>
+__device__ __forceinline__ void finish_tile(const GroupArgs& A, const float (&acc)[NT / 2], bool bad, bool consumer,
+                                            int tid, int rl, int t, int64_t grp, int64_t m0, int64_t m1, int64_t R0,
+                                            int split, int64_t kt0, int64_t kt1) {
+  if (A.tok_flag && tid < NT && m0 + tid < m1)
+    for (int64_t c = kt0 * (KT / 64); c < kt1 * (KT / 64); ++c) bad |= A.tok_flag[(m0 + tid) * (A.Kp / 64) + c] != 0;
+  bad = __syncthreads_or(bad);
+  if (!consumer) return;
+  const int64_t kb = kt0 * KT, ke = kt1 * KT < A.K ? kt1 * KT : A.K;
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + 8 * j + 2 * t + h;
+      const int64_t R = R0 + rl;
+      if (m >= m1 || R >= A.N) continue;
+      float v0 = acc[4 * j + h], v1 = acc[4 * j + 2 + h];
+      if (bad) {
+        v0 = exact_dot(A, grp, R, m, kb, ke);
+        v1 = R + 8 < A.N ? exact_dot(A, grp, R + 8, m, kb, ke) : 0.0f;
+      }
+      if (A.splits == 1) {
+        store_pair(A, grp, m, R, v0, v1);
+      } else {
+        float* w = A.ws + (int64_t(split) * A.M + m) * A.N;
+        w[R] = v0;
+        if (R + 8 < A.N) w[R + 8] = v1;
+      }
+    }
+  }
 }
 
 template <int KT>
@@ -519,31 +557,171 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   }
   cp_async_wait<0>();
 
-  if (A.tok_flag && tid < NT && m0 + tid < m1)
-    for (int64_t c = kt0 * (KT / 64); c < kt1 * (KT / 64); ++c) bad |= A.tok_flag[(m0 + tid) * (A.Kp / 64) + c] != 0;
-  bad = __syncthreads_or(bad);
-  const int64_t kb = kt0 * KT, ke = kt1 * KT < A.K ? kt1 * KT : A.K;
-#pragma unroll
-  for (int j = 0; j < NT / 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t m = m0 + 8 * j + 2 * t + h;
-      const int64_t R = R0 + rl;
-      if (m >= m1 || R >= A.N) continue;
-      float v0 = acc[4 * j + h], v1 = acc[4 * j + 2 + h];
-      if (bad) {
-        v0 = exact_dot(A, grp, R, m, kb, ke);
-        v1 = R + 8 < A.N ? exact_dot(A, grp, R + 8, m, kb, ke) : 0.0f;
-      }
-      if (A.splits == 1) {
-        store_pair(A, grp, m, R, v0, v1);
-      } else {
-        float* w = A.ws + (int64_t(split) * A.M + m) * A.N;
-        w[R] = v0;
-        if (R + 8 < A.N) w[R + 8] = v1;
-      }
+  finish_tile<NT, KT>(A, acc, bad, true, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
+}
+
+/// Warp-specialized form of the packed kernel at KT = 256 (NT = 16, 32: the decode shapes). Warp 8
+/// produces: one TMA per stage for the 128-row x 256-K weight tile (SWIZZLE_128B gives the same
+/// shared image as the cp.async kernel: 16-byte chunk c of stored row r at chunk c ^ (r & 7)), KT/64
+/// TMA for the activation atoms and one 8-byte cp.async per row for the scale bytes, into S stages
+/// guarded by full / empty mbarriers. Warpgroups 0 and 1 consume at their own pace (no CTA barrier
+/// in the K loop) and split each stage into Q batches: batch b + 1 is decoded while the wgmma of
+/// batch b runs.
+template <int NT, int S, int Q, int MB>
+__global__ void __launch_bounds__(288, MB)
+    group_gemm_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a, GroupArgs A) {
+  constexpr int KT = 256;
+  using SS = StageShape<KT>;
+  constexpr int kActBytes = NT * KT * 2;
+  constexpr int kSBytes = kRows * 8;  // scale bytes of the tile: row r at r * 8
+  constexpr int kStageBytes = (kActBytes + SS::kWBytes + kSBytes + 1023) / 1024 * 1024;
+  constexpr int kSteps = KT / 16, kPer = kSteps / Q;
+  static_assert(kSteps % Q == 0, "Q divides the k16 steps of a stage");
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  __shared__ int64_t s_work[2];
+  __shared__ __align__(8) uint64_t bars[2 * S];  // full[S], then empty[S]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (!A.pdl) griddep_wait();  // m_indptr / weights may come from the previous kernel
+  if (tid < 32) {
+    int64_t grp = -1, tile = 0;
+    if (!find_tile(A, NT, blockIdx.y, &grp, &tile)) grp = -1;
+    if (lane == 0) {
+      s_work[0] = grp;
+      s_work[1] = tile;
     }
+  } else if (tid == 32) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(smem_u32(&bars[s]), 1 + 32);  // the producer's expect_tx arrival + 32 lanes' scale copies
+      mbar_init(smem_u32(&bars[S + s]), 8);   // the 8 consumer warps
+    }
+    mbar_init_fence();
   }
+  __syncthreads();
+  const int64_t grp = s_work[0];
+  if (grp < 0) return;
+  const int64_t m0 = A.bound(grp) + s_work[1] * NT;
+  const int64_t gend = A.bound(grp + 1);
+  const int64_t m1 = m0 + NT < gend ? m0 + NT : gend;
+  const int64_t R0 = int64_t(blockIdx.x) * kRows;
+  const int split = int(blockIdx.z);
+  const int64_t kTiles = (A.K + KT - 1) / KT;
+  const int64_t kt0 = int64_t(split) * A.kt_per_split;
+  const int64_t kt1 = kt0 + A.kt_per_split < kTiles ? kt0 + A.kt_per_split : kTiles;
+  const int64_t nkt = kt1 > kt0 ? kt1 - kt0 : 0;
+  const uint32_t smem_base = smem_u32(smem);
+  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[S]);
+
+  float acc[NT / 2];
+#pragma unroll
+  for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
+  bool bad = false;
+  const int g = lane >> 2, t = lane & 3;
+  const int rl = 64 * (warp >> 2) + 16 * (warp & 3) + g;  // consumer rows rl, rl + 8
+
+  if (warp == 8) {  // producer
+    const int32_t wy = int32_t(grp * mxfp4_packed_rows(A.N) + R0);
+    const uint8_t* srow[kRows / 32];
+#pragma unroll
+    for (int j = 0; j < kRows / 32; ++j) srow[j] = A.bs + grp * A.bs_sG + (R0 + lane + 32 * j) * A.bs_sN;
+    auto weights = [&](int64_t it) {  // the stage's weight TMA (with the whole stage's byte count), scales
+      const uint32_t st = smem_base + uint32_t((it % S) * kStageBytes), full = full0 + uint32_t(8 * (it % S));
+      if (lane == 0) {
+        mbar_arrive_expect_tx(full, uint32_t(SS::kWBytes + kActBytes));
+        tma_load_2d(st + kActBytes, &tm_w, int32_t((kt0 + it) * (KT / 2)), wy, full);
+      }
+#pragma unroll
+      for (int j = 0; j < kRows / 32; ++j) cp_async8(st + kActBytes + SS::kWBytes + (lane + 32 * j) * 8, srow[j] + (kt0 + it) * 8);
+      mbar_cp_async_arrive(full);
+    };
+    auto acts = [&](int64_t it) {
+      const uint32_t st = smem_base + uint32_t((it % S) * kStageBytes), full = full0 + uint32_t(8 * (it % S));
+      if (lane == 0)
+#pragma unroll
+        for (int c = 0; c < KT / 64; ++c) tma_load_2d(st + c * NT * 128, &tm_a, int32_t((kt0 + it) * KT + 64 * c), int32_t(m0), full);
+    };
+    const int64_t npro = nkt < S ? nkt : S;
+    for (int64_t it = 0; it < npro; ++it) weights(it);
+    griddep_wait();  // the activations come from the pre-pass
+    for (int64_t it = 0; it < npro; ++it) acts(it);
+    for (int64_t it = npro; it < nkt; ++it) {
+      mbar_wait(empty0 + uint32_t(8 * (it % S)), uint32_t((it / S - 1) & 1));
+      weights(it);
+      acts(it);
+    }
+  } else {  // consumers
+    // stored rows of kernel rows rl, rl + 8 (kEpiSwiglu: gate / up rows of one feature)
+    const int sr0 = int(A.wrow(R0 + rl) - R0), sr1 = int(A.wrow(R0 + rl + 8) - R0);
+    // offsets in a stage of this thread's scale words (the two MX blocks of a row: bytes 2 (t & 1),
+    // + 1 of the row's word t >> 1) and of its weight chunks 2t, 2t + 1 of both rows (swizzled)
+    const uint32_t so0 = uint32_t(kActBytes + SS::kWBytes + sr0 * 8 + 4 * (t >> 1));
+    const uint32_t so1 = uint32_t(kActBytes + SS::kWBytes + sr1 * 8 + 4 * (t >> 1));
+    uint32_t wo0[2], wo1[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      wo0[i] = uint32_t(kActBytes + sr0 * 128 + (((2 * t + i) ^ (sr0 & 7)) << 4));
+      wo1[i] = uint32_t(kActBytes + sr1 * 128 + (((2 * t + i) ^ (sr1 & 7)) << 4));
+    }
+    const uint64_t desc0 = desc_sw128(smem_base);
+    for (int64_t it = 0; it < nkt; ++it) {
+      const int s = int(it % S);
+      mbar_wait(full0 + uint32_t(8 * s), uint32_t((it / S) & 1));
+      const uint8_t* st = smem + s * kStageBytes;
+      const uint32_t u0 = *reinterpret_cast<const uint32_t*>(st + so0);
+      const uint32_t u1 = *reinterpret_cast<const uint32_t*>(st + so1);
+      uint32_t S0[2], S1[2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const uint32_t byte = uint32_t(2 * (t & 1) + b);
+        const uint32_t sel = byte | 0x40u | (byte << 8) | 0x4000u;  // the byte in both halves
+        const uint32_t y0 = __byte_perm(u0, 0u, sel), y1 = __byte_perm(u1, 0u, sel);
+        bad |= ((y0 & 0xFFu) > 128u) | ((y1 & 0xFFu) > 128u);
+        S0[b] = (y0 + 0x007E007Eu) << 7;  // bf16x2 of 2^(s-1)
+        S1[b] = (y1 + 0x007E007Eu) << 7;
+      }
+      uint32_t q0[8], q1[8];  // bytes 32t .. 32t + 31 of the two rows (chunks 2t, 2t + 1)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint4 x0 = *reinterpret_cast<const uint4*>(st + wo0[i]);
+        const uint4 x1 = *reinterpret_cast<const uint4*>(st + wo1[i]);
+        q0[4 * i] = x0.x; q0[4 * i + 1] = x0.y; q0[4 * i + 2] = x0.z; q0[4 * i + 3] = x0.w;
+        q1[4 * i] = x1.x; q1[4 * i + 1] = x1.y; q1[4 * i + 2] = x1.z; q1[4 * i + 3] = x1.w;
+      }
+      const uint64_t dstage = desc0 + uint64_t((s * kStageBytes) >> 4);
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+#pragma unroll
+      for (int qb = 0; qb < Q; ++qb) {
+        uint32_t a[kPer][4];
+#pragma unroll
+        for (int jj = 0; jj < kPer; ++jj) {
+          const int j = qb * kPer + jj, q = 2 * (j & 1);
+          const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1], sA = S0[j >> 3], sB = S1[j >> 3];
+          a[jj][0] = bmul2(mxfp4_packed_pair(x0, q), sA);
+          a[jj][1] = bmul2(mxfp4_packed_pair(x1, q), sB);
+          a[jj][2] = bmul2(mxfp4_packed_pair(x0, q + 1), sA);
+          a[jj][3] = bmul2(mxfp4_packed_pair(x1, q + 1), sB);
+        }
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int jj = 0; jj < kPer; ++jj) {
+          const int j = qb * kPer + jj;
+          wgmma_call<NT>(a[jj], dstage + uint64_t(((j >> 2) * NT * 128 + (j & 3) * 32) >> 4), acc,
+                         std::make_index_sequence<NT / 2>{});
+        }
+        cute::warpgroup_commit_batch();
+        if (qb > 0 && qb + 1 < Q) cute::warpgroup_wait<1>();  // batch qb - 1 done: its registers are free again
+      }
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + uint32_t(8 * s));
+    }
+    griddep_wait();  // the epilogue reads the pre-pass's flags
+  }
+  finish_tile<NT, KT>(A, acc, bad, warp < 8, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
 }
 
 /// Split-K: sums the partials in split order and runs the epilogue (rows of m_indptr[G].. skipped).
@@ -585,6 +763,61 @@ template <int NT, int S, int KT>
 cudaError_t launch_group(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
   return a.packed ? launch_group_pk<NT, S, KT, true>(a, max_tiles, device, st)
                   : launch_group_pk<NT, S, KT, false>(a, max_tiles, device, st);
+}
+
+/// cuTensorMapEncodeTiled from the driver (no link-time dependency on libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tma_encoder() {
+  static std::atomic<void*> fn{nullptr};
+  void* f = fn.load(std::memory_order_relaxed);
+  if (!f) {
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return nullptr;
+    fn.store(f, std::memory_order_relaxed);
+  }
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+}
+/// Tensor map of a row-major [rows][cols] tensor (pitch in bytes), read in 128B-swizzled boxes of
+/// box_rows x box_cols (box_cols x element size = 128 bytes).
+cudaError_t make_tmap_2d(CUtensorMap* m, const void* base, CUtensorMapDataType dt, uint64_t cols, uint64_t rows,
+                         uint64_t pitch, uint32_t box_cols, uint32_t box_rows) {
+  const auto enc = tma_encoder();
+  if (!enc) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {cols, rows}, strides[1] = {pitch};
+  const cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
+  const CUresult r = enc(m, dt, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/// The warp-specialized kernel (packed weights, KT = 256).
+template <int NT, int S, int Q, int MB>
+cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
+  constexpr int kStageBytes = (NT * 256 * 2 + StageShape<256>::kWBytes + kRows * 8 + 1023) / 1024 * 1024;
+  constexpr int smem = S * kStageBytes + 1024;
+  CUtensorMap tw, ta;
+  const int64_t Np = mxfp4_packed_rows(a.N);
+  if (cudaError_t e = make_tmap_2d(&tw, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, uint64_t(a.b_sN), uint64_t(a.G * Np),
+                                   uint64_t(a.b_sN), 128, kRows);
+      e != cudaSuccess)
+    return e;
+  if (cudaError_t e = make_tmap_2d(&ta, a.act, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(a.Kp), uint64_t(a.M),
+                                   uint64_t(a.Kp * 2), 64, NT);
+      e != cudaSuccess)
+    return e;
+  auto kern = group_gemm_ws_kernel<NT, S, Q, MB>;
+  static std::atomic<uint64_t> opted{0};
+  if (cudaError_t e = opt_in_smem(kern, smem, device, opted); e != cudaSuccess) return e;
+  dim3 grid(unsigned((a.N + kRows - 1) / kRows), unsigned(max_tiles), unsigned(a.splits));
+  return launch_pdl(kern, grid, dim3(288), size_t(smem), st, tw, ta, a);
+}
+/// The packed weights and the activation rows can be read by TMA (16-byte aligned bases, rows
+/// addressable with 32-bit coordinates).
+bool ws_eligible(const GroupArgs& a) {
+  return a.packed && a.KT == 256 && (a.NT == 16 || a.NT == 32) && (reinterpret_cast<uintptr_t>(a.b) & 15) == 0 &&
+         a.b_sG == mxfp4_packed_rows(a.N) * a.b_sN && a.G * mxfp4_packed_rows(a.N) < (int64_t(1) << 31) &&
+         a.M < (int64_t(1) << 31) && (reinterpret_cast<uintptr_t>(a.act) & 15) == 0;
 }
 
 /// Tokens per CTA (from the mean rows per non-empty group) and the K tile that goes with it.
@@ -632,6 +865,9 @@ cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaS
   if (splits > 1)
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&a.ws), size_t(splits) * a.M * a.N * sizeof(float), pool, st);
   if (e == cudaSuccess) {
+    if (ws_eligible(a)) {
+      e = NT == 16 ? launch_group_ws<16, 4, 8, 2>(a, max_tiles, dev, st) : launch_group_ws<32, 3, 8, 2>(a, max_tiles, dev, st);
+    } else
     switch (NT) {
       case 16: e = launch_group<16, 4, 256>(a, max_tiles, dev, st); break;
       case 32: e = launch_group<32, 3, 256>(a, max_tiles, dev, st); break;
