@@ -19,7 +19,9 @@
 // bytes 8t..8t+7 (K elements 16t..16t+15, all in MX block t/2), and the activation pre-pass puts
 // K elements in the matching order (act_pos), so no weight prepack is needed. The grid is a host
 // upper bound of (row block, token tile, K split); each CTA finds its (group, tile) from m_indptr
-// on the device (no host sync) and exits if it has none.
+// on the device (no host sync) and exits if it has none. Weights prepacked by
+// group_gemm_mxfp4_prepack (lowbit/mxfp4_pack.hpp) decode with fewer instructions; with 16 or 32
+// tokens per tile they run the warp-specialized kernel (TMA producer warp, mbarrier stages).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp16.h>
