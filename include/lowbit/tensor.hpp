@@ -57,6 +57,7 @@ struct TensorView {
   int64_t stride(int d) const { return strides[d < 0 ? d + ndim : d]; }
   int64_t nbytes_dense() const { return numel() * dtype_bytes(dtype); }
   bool is_contiguous() const {
+    if (numel() == 0) return true;  // no element to place: any strides (NumPy gives 0) will do
     int64_t s = 1;
     for (int k = ndim - 1; k >= 0; --k) {
       if (shape[k] != 1 && strides[k] != s) return false;

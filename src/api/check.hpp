@@ -60,7 +60,7 @@ struct Checker {
   }
 
   void last_contiguous(const TensorView& t, const char* arg) {
-    if (t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1)
+    if (t.ndim > 0 && t.numel() > 0 && t.shape[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1)
       fail(arg, "the last dimension must be contiguous (stride 1), got " + t.describe());
   }
 

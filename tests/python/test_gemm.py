@@ -94,6 +94,19 @@ def test_group_gemm_cpu_matches_numpy():
     assert np.all(np.abs(got - ref) <= np.abs(ref) * 2.0 ** -7 + 1e-30)
 
 
+def test_group_gemm_cpu_no_rows():
+    """cum_m = 0: NumPy gives the empty activations strides (0, 0); the call returns an empty
+    output instead of refusing the layout."""
+    G, N, K = 3, 64, 96
+    a = np.zeros((0, K), dtype=ml_dtypes.bfloat16)
+    assert a.strides == (0, 0) or a.size == 0
+    b = np.full((G, N, K // 2), 0x22, dtype=np.uint8)
+    bs = np.full((G, N, K // 32), 127, dtype=np.uint8)
+    ind = np.zeros(G + 1, dtype=np.int32)
+    out = lowbit.group_gemm_mxfp4_nt_groupwise(a, b, None, bs, ind, "bfloat16", b_scale_layout="row_major")
+    assert out.shape == (0, N)
+
+
 def test_moe_mlp_cpu_matches_numpy():
     rng = np.random.default_rng(4)
     T, H, I, E, k = 3, 64, 32, 3, 2
