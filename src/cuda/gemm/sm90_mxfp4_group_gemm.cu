@@ -569,8 +569,8 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
 /// guarded by full / empty mbarriers. Warpgroups 0 and 1 consume at their own pace (no CTA barrier
 /// in the K loop) and split each stage into Q batches: batch b + 1 is decoded while the wgmma of
 /// batch b runs.
-template <int NT, int S, int Q, int MB>
-__global__ void __launch_bounds__(288, MB)
+template <int NT, int S, int Q>
+__global__ void __launch_bounds__(288, 2)
     group_gemm_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a, GroupArgs A) {
   constexpr int KT = 256;
   using SS = StageShape<KT>;
@@ -794,7 +794,7 @@ cudaError_t make_tmap_2d(CUtensorMap* m, const void* base, CUtensorMapDataType d
 }
 
 /// The warp-specialized kernel (packed weights, KT = 256).
-template <int NT, int S, int Q, int MB>
+template <int NT, int S, int Q>
 cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
   constexpr int kStageBytes = (NT * 256 * 2 + StageShape<256>::kWBytes + kRows * 8 + 1023) / 1024 * 1024;
   constexpr int smem = S * kStageBytes + 1024;
@@ -808,7 +808,7 @@ cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, c
                                    uint64_t(a.Kp * 2), 64, NT);
       e != cudaSuccess)
     return e;
-  auto kern = group_gemm_ws_kernel<NT, S, Q, MB>;
+  auto kern = group_gemm_ws_kernel<NT, S, Q>;
   static std::atomic<uint64_t> opted{0};
   if (cudaError_t e = opt_in_smem(kern, smem, device, opted); e != cudaSuccess) return e;
   dim3 grid(unsigned((a.N + kRows - 1) / kRows), unsigned(max_tiles), unsigned(a.splits));
@@ -868,7 +868,7 @@ cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaS
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&a.ws), size_t(splits) * a.M * a.N * sizeof(float), pool, st);
   if (e == cudaSuccess) {
     if (ws_eligible(a)) {
-      e = NT == 16 ? launch_group_ws<16, 4, 8, 2>(a, max_tiles, dev, st) : launch_group_ws<32, 3, 8, 2>(a, max_tiles, dev, st);
+      e = NT == 16 ? launch_group_ws<16, 4, 8>(a, max_tiles, dev, st) : launch_group_ws<32, 3, 8>(a, max_tiles, dev, st);
     } else
     switch (NT) {
       case 16: e = launch_group<16, 4, 256>(a, max_tiles, dev, st); break;
