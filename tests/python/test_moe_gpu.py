@@ -481,6 +481,83 @@ def test_group_gemm_special_scales(torch, kind, act, la, lb, out, packed):
         assert np.isnan(ref).any() and finite.any()
 
 
+def _full_range_operands(act, N=256, K=8192, sizes=(0, 5, 130, 0, 33, 1), seed=17):
+    """Weight scale bytes over the whole finite range [0, 254], mixed within every row's K loop
+    (a permutation of 0..252 over the 256 K blocks, plus 0..2 by row) and across the rows of a
+    tile (rows n and n + 1 differ). The activation side compensates each K block's weight scale
+    (bf16 exponent, or MXFP8 scale byte kept where bf16 holds the element exactly), so every
+    block contributes a finite, exact fp32 product."""
+    ops = _randn_operands(list(sizes), N, K, act, seed)
+    rng = np.random.default_rng(seed + 1)
+    Kb = K // 32
+    base = rng.permutation(np.arange(Kb) % 253)
+    n = np.arange(N)[None, :, None]
+    ops.b_sc = (base[None, None, :] + n % 3 + np.zeros((ops.G, 1, 1), np.int64)).astype(np.uint8)
+    m = np.arange(ops.M)[:, None]
+    a_exp = -8 - (base[None, :] - 127) + m % 4  # product exponent about -8 + m % 4 + n % 3
+    if act == "bf16":
+        x = ops.a.astype(np.float32) * np.repeat(np.ldexp(np.float32(1), a_exp), 32, axis=1)
+        ops.a = x.astype(ml_dtypes.bfloat16)
+    else:
+        lo = 3 if act == "e4m3" else 10  # exact in bf16 at or above this scale byte
+        ops.a_sc = np.clip(a_exp + 127, lo, 254).astype(np.uint8)
+    return ops
+
+
+FULL_RANGE = [
+    ("e4m3", "blocked128x4", "row_major", "bfloat16"),
+    ("e5m2", "row_major", "blocked128x4", "float16"),
+    ("bf16", "row_major", "row_major", "bfloat16"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act,la,lb,out", FULL_RANGE, ids=[f"{c[0]}-a{_lay(c[1])}-b{_lay(c[2])}-{c[3]}" for c in FULL_RANGE])
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_group_gemm_full_weight_scale_range(torch, act, la, lb, out, packed):
+    """Every finite weight scale byte (0..254, mixed within one tile and one K loop) gives the
+    reference's result on the tensor-core path (recipe B)."""
+    ops = _full_range_operands(act)
+    assert ops.b_sc.min() == 0 and ops.b_sc.max() == 254
+    got, ref = _check_gemm(torch, ops, a_layout=la, b_layout=lb, out_name=out, ind_dtype=np.int64,
+                           label=f"full range {act} {out}", packed=packed)
+    finite = np.isfinite(ref)
+    assert finite.all() and np.count_nonzero(ref) > 0.9 * ref.size
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bad", [[0, 2, 100000], [0, -7, 5], [0, 5, 3], [7, 3, 2**31 - 1], [-2**31, 0, 5]],
+                         ids=["past-end", "negative", "non-monotonic", "huge", "int-min"])
+@pytest.mark.parametrize("act", ["e4m3", "bf16"])
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_group_gemm_hostile_device_m_indptr(torch, bad, act, packed):
+    """A device m_indptr is not validated (no host sync), but the kernels clamp it: a wrong one
+    gives wrong rows, never an access outside the buffers (checked under compute-sanitizer) nor a
+    failed launch; the context stays usable and the next correct call is exact."""
+    ops = _randn_operands([2, 3], 256, 512, act, seed=5)
+    la = "blocked128x4" if act != "bf16" else "row_major"
+    a_st, b_st = _stored_scales(ops, la, "row_major", "flashinfer")
+    a = _dev(torch, ops.a)
+    a_scale = None if a_st is None else _dev(torch, a_st)
+    b, b_scale = _dev(torch, ops.b), _dev(torch, b_st)
+    if packed:
+        b, b_scale = lowbit.group_gemm_mxfp4_prepack(b, b_scale, b_scale_layout="row_major")
+    ind = torch.tensor(bad, dtype=torch.int32, device="cuda")
+    out = torch.empty((ops.M, ops.N), dtype=torch.bfloat16, device="cuda")
+    lowbit.group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, ind, "bfloat16", a_scale_layout=la,
+                                         b_scale_layout="row_major", out=out, b_packed=packed)
+    torch.cuda.synchronize()
+    # the context survived: a correct call right after is exact
+    ref = _reference(ops, a_st, b_st, la, "row_major", "flashinfer", "bfloat16", np.int32)
+
+    def run(poison):
+        return _run_cuda(torch, ops, a_st, b_st, la, "row_major", "flashinfer", "bfloat16", np.int32, poison,
+                         packed=packed)
+
+    got = _run_checked(run, ref, ops, "bfloat16", "after a hostile m_indptr")
+    _assert_within_ulps(got, ref, ops, "bfloat16", "after a hostile m_indptr")
+
+
 def _all_codes_operands(act, sizes, N, K, seed, nonfinite=False):
     """a with every finite code of its format (bf16: every sign / mantissa pattern over a band of
     exponents, subnormals and zeros), b with every E2M1 code in both nibbles; scale bytes random

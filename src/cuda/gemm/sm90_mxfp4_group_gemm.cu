@@ -6,11 +6,19 @@
 // Exactness. Weights e2m1 * 2^(s-127) and MXFP8 activations e4m3/e5m2 * 2^(s-127) are exact in
 // bf16 (bf16 has fp32's exponent range), bf16 x bf16 products are exact in fp32, so a bf16 wgmma
 // with fp32 accumulation rounds only in the accumulation, like the fp32 reference.
-//  * Weights are decoded in registers as bf16(e2m1 * 2^-126) * bf16(2^(s-1)): one multiply, exact
-//    for every scale byte s in [0, 128] (block amax < 12). A tile that meets any other weight scale
-//    byte (or an activation scale the bf16 pre-pass cannot represent exactly: E4M3 s < 3, E5M2 s <
-//    10) is recomputed by its CTA on the CUDA cores in fp32 from the original operands: exact, slow,
-//    and never taken by real checkpoints (their scale bytes sit near 127 - 20).
+//  * Weights are decoded in registers as w * 2^-5 = bf16(e2m1 * 2^-126) * bf16(2^(s-6)): one
+//    multiply, exact for every scale byte s in [0, 133]; a warp whose K tile holds a larger scale
+//    byte decodes that tile with two multiplies (2^(min(s,133)-6), then 2^(max(s,133)-133)), exact
+//    for every s in [0, 254] (e2m1 * 2^(s-132) spans 2^-133 .. 1.5 * 2^125, inside bf16's range with
+//    its subnormals). The epilogue multiplies the fp32 accumulator by 2^5 (exact). Every finite
+//    weight scale byte runs on the tensor cores.
+//  * An activation element the bf16 pre-pass cannot hold exactly (a nonzero MXFP8 value below
+//    bf16's subnormal step 2^-133, which needs a scale byte below 3 (E4M3) or 10 (E5M2)) sends the
+//    CTAs of its rows to an exact fp32 CUDA-core recomputation from the original operands. Zero
+//    blocks (scale byte 0) and every other element run on the tensor cores.
+//  * m_indptr may come from the device and is not validated there: every kernel clamps its bounds
+//    to [0, M] (M = activation rows) and stored scale rows to the scale buffer, so a wrong m_indptr
+//    gives wrong rows, never an access outside the given buffers.
 //  * Activations are dequantized once by a pre-pass into bf16 rows in the kernel's K order.
 //
 // Design ("swap AB", as the dual GEMM): 128 weight rows per CTA (2 warpgroups x 64, wgmma M),
@@ -44,6 +52,21 @@ using namespace lowbit::cuda::gemm;
 namespace {
 
 constexpr int kRows = 128;  // weight rows per CTA
+/// Weights enter the tensor cores as w * 2^-kWShift (see the file comment); the epilogue undoes it.
+constexpr int kWShift = 5;
+constexpr float kWUnshift = float(1 << kWShift);
+/// Largest scale byte whose 2^(s - 1 - kWShift) is a normal bf16 (one-multiply decode).
+constexpr uint32_t kSOne = 127u + 1u + kWShift;  // 133
+
+/// bf16x2 multipliers of scale bytes y (a byte in bits 0..7 and one in 16..23): `one` = 2^(s-6)
+/// (valid for s <= 133), `lo` = 2^(min(s,133)-6) and `hi` = 2^(max(s,133)-133), NaN for the NaN
+/// byte 255 (lo * hi: every byte).
+__device__ __forceinline__ uint32_t scale_one(uint32_t y) { return (y + 0x00010001u * (126u - kWShift)) << 7; }
+__device__ __forceinline__ uint32_t scale_lo(uint32_t y) { return scale_one(__vminu2(y, 0x00010001u * kSOne)); }
+__device__ __forceinline__ uint32_t scale_hi(uint32_t y) {
+  const uint32_t h = (__vmaxu2(y, 0x00010001u * kSOne) - 0x00010001u * (kSOne - 127u)) << 7;
+  return h | (__vcmpeq2(y, 0x00FF00FFu) & 0x7FC07FC0u);
+}
 
 /// Position, within its KT-wide block (KT = 64, 128 or 256: the K tile of a pipeline stage) of a
 /// kernel activation row, of K element k of the block: in wgmma k16 step j, lane quad t reads the
@@ -99,8 +122,18 @@ struct GroupArgs {
   int splits = 1;
   int kt_per_split = 0;
 
+  /// m_indptr[g] clamped to [0, M]: a device m_indptr is not validated, the kernels stay in bounds.
   __device__ int64_t bound(int64_t g) const {
-    return indptr64 ? static_cast<const int64_t*>(m_indptr)[g] : int64_t(static_cast<const int32_t*>(m_indptr)[g]);
+    const int64_t v = indptr64 ? static_cast<const int64_t*>(m_indptr)[g] : int64_t(static_cast<const int32_t*>(m_indptr)[g]);
+    return v < 0 ? 0 : (v > M ? M : v);
+  }
+  /// Stored row of activation row m in a_scale, clamped to the rows the caller allocated.
+  __device__ int64_t a_scale_row(int64_t m) const {
+    const int64_t r = spa.stored_row(m);
+    return r < 0 ? 0 : (r >= spa.rows_pad ? spa.rows_pad - 1 : r);
+  }
+  __device__ int64_t a_scale_offset(int64_t m, int64_t c) const {
+    return scale_offset(spa.layout, spa.rows_pad, spa.cols, a_scale_row(m), c);
   }
   /// Stored weight row of kernel row R (kEpiSwiglu: rows R, R+8 of each 16 are gate/up of one feature).
   __host__ __device__ int64_t wrow(int64_t R) const {
@@ -131,6 +164,7 @@ __global__ void act_prepass_kernel(GroupArgs A) {
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
   const int64_t kblocks = A.Kp / 64;
   const int lo = A.a_dtype == DType::kE4M3 ? 3 : 10;  // bf16 holds e4m3 / e5m2 * 2^(s-127) exactly for s >= lo
+  auto bf16_inexact = [](float v) { return v == v && decode_bf16(encode_bf16(v)) != v; };
   for (int64_t item = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5); item < A.M * kblocks; item += warps) {
     const int64_t m = item / kblocks, k0 = (item % kblocks) * 64, k = k0 + 2 * lane;
     float v0 = 0.0f, v1 = 0.0f;
@@ -138,12 +172,14 @@ __global__ void act_prepass_kernel(GroupArgs A) {
     if (k < A.K) {
       if (A.a_scale) {
         const uint8_t* src = static_cast<const uint8_t*>(A.a) + m * A.a_sM + k;
-        const uint8_t s = A.a_scale[A.spa.offset(0, m, k >> 5)];
+        const uint8_t s = A.a_scale[A.a_scale_offset(m, k >> 5)];
         const float sc = decode_ue8m0(s);
         const bool e4 = A.a_dtype == DType::kE4M3;
         v0 = (e4 ? decode_e4m3(src[0]) : decode_e5m2(src[0])) * sc;
         v1 = (e4 ? decode_e4m3(src[1]) : decode_e5m2(src[1])) * sc;
-        inexact = s < lo;
+        // NOTE: exact in fp32; bf16 holds it unless it is a nonzero value finer than 2^-133
+        // (possible only for s < lo). NaN stays NaN either way.
+        if (s < lo) inexact = bf16_inexact(v0) || bf16_inexact(v1);
       } else {
         const uint16_t* src = static_cast<const uint16_t*>(A.a) + m * A.a_sM + k;
         v0 = decode_bf16(src[0]);
@@ -191,7 +227,7 @@ __device__ bool find_tile(const GroupArgs& A, int NT, int64_t y, int64_t* grp, i
 /// Exact fp32 recomputation of one accumulator entry (row R, token m) over K elements [k0, k1).
 __device__ float exact_dot(const GroupArgs& A, int64_t g, int64_t R, int64_t m, int64_t k0, int64_t k1) {
   const int64_t n = A.wrow(R);
-  const int64_t srow = (A.a && A.a_scale) ? A.spa.stored_row(m) : 0;
+  const int64_t srow = (A.a && A.a_scale) ? A.a_scale_row(m) : 0;
   float acc = 0.0f, sa = 1.0f;
   for (int64_t k = k0; k < k1; ++k) {
     float av;
@@ -252,14 +288,14 @@ __device__ __forceinline__ uint32_t pick_byte(uint32_t w0, uint32_t w1, uint32_t
   return (w >> (8 * (idx & 3))) & 0xFFu;
 }
 
-/// Epilogue of a CTA's tile, run by all its threads: the exactness checks (activation blocks the
-/// pre-pass flagged, weight scale bytes outside the window anywhere in the CTA), then this thread's
-/// accumulator rows rl, rl + 8 for its tokens (consumer false: none) to the output or the split-K
-/// partials.
+/// Epilogue of a CTA's tile, run by all its threads: the exactness check (activation blocks the
+/// pre-pass flagged), then this thread's accumulator rows rl, rl + 8 for its tokens (consumer
+/// false: none), unshifted by 2^kWShift, to the output or the split-K partials.
 template <int NT, int KT>
-__device__ __forceinline__ void finish_tile(const GroupArgs& A, const float (&acc)[NT / 2], bool bad, bool consumer,
+__device__ __forceinline__ void finish_tile(const GroupArgs& A, const float (&acc)[NT / 2], bool consumer,
                                             int tid, int rl, int t, int64_t grp, int64_t m0, int64_t m1, int64_t R0,
                                             int split, int64_t kt0, int64_t kt1) {
+  bool bad = false;
   if (A.tok_flag && tid < NT && m0 + tid < m1)
     for (int64_t c = kt0 * (KT / 64); c < kt1 * (KT / 64); ++c) bad |= A.tok_flag[(m0 + tid) * (A.Kp / 64) + c] != 0;
   bad = __syncthreads_or(bad);
@@ -272,7 +308,7 @@ __device__ __forceinline__ void finish_tile(const GroupArgs& A, const float (&ac
       const int64_t m = m0 + 8 * j + 2 * t + h;
       const int64_t R = R0 + rl;
       if (m >= m1 || R >= A.N) continue;
-      float v0 = acc[4 * j + h], v1 = acc[4 * j + 2 + h];
+      float v0 = acc[4 * j + h] * kWUnshift, v1 = acc[4 * j + 2 + h] * kWUnshift;  // exact
       if (bad) {
         v0 = exact_dot(A, grp, R, m, kb, ke);
         v1 = R + 8 < A.N ? exact_dot(A, grp, R + 8, m, kb, ke) : 0.0f;
@@ -447,7 +483,6 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   const uintptr_t sc_addr0 = reinterpret_cast<uintptr_t>(A.wscale_ptr(grp, R0 + rl < A.N ? A.wrow(R0 + rl) : 0, 0));
   const uintptr_t sc_addr1 =
       reinterpret_cast<uintptr_t>(A.wscale_ptr(grp, R0 + rl + 8 < A.N ? A.wrow(R0 + rl + 8) : 0, 0));
-  bool bad = false;
   const uint64_t desc0 = desc_sw128(smem_base);
   for (int64_t it = 0; it < nkt; ++it) {
     cp_async_wait<S - 2>();
@@ -479,7 +514,7 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
         q1[4 * i] = x1.x; q1[4 * i + 1] = x1.y; q1[4 * i + 2] = x1.z; q1[4 * i + 3] = x1.w;
       }
     }
-    uint32_t S0[kTBlk], S1[kTBlk];
+    uint32_t Y0[kTBlk], Y1[kTBlk];  // scale bytes of this thread's MX blocks, in both halves
     if constexpr (PK) {
       // row r's scale bytes at r * 8: this thread's block b is byte `byte` of word `wi`
       const uint32_t* sp0 = reinterpret_cast<const uint32_t*>(wt + SS::kWBytes + rl * 8);
@@ -490,10 +525,8 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
       for (int b = 0; b < kTBlk; ++b) {
         const uint32_t byte = KT == 256 ? uint32_t(2 * (t & 1) + b) : KT == 128 ? uint32_t(t) : uint32_t(2 * (kt & 1) + (t >> 1));
         const uint32_t sel = byte | 0x40u | (byte << 8) | 0x4000u;  // the byte in both halves
-        const uint32_t y0 = __byte_perm(w0, 0u, sel), y1 = __byte_perm(w1, 0u, sel);
-        bad |= ((y0 & 0xFFu) > 128u) | ((y1 & 0xFFu) > 128u);
-        S0[b] = (y0 + 0x007E007Eu) << 7;  // bf16x2 of 2^(s-1)
-        S1[b] = (y1 + 0x007E007Eu) << 7;
+        Y0[b] = __byte_perm(w0, 0u, sel);
+        Y1[b] = __byte_perm(w1, 0u, sel);
       }
     } else {
       // scale bytes of this thread's MX blocks (kTBlk per row)
@@ -515,33 +548,66 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
         }
         uint32_t sb0 = pick_byte(u00, u01, u02, base0 + lb), sb1 = pick_byte(u10, u11, u12, base1 + lb);
         if (blk0 + lb >= KG) sb0 = sb1 = 0;  // K tail: zero weights, any finite scale
-        bad |= (sb0 > 128u) | (sb1 > 128u);
-        S0[b] = ((sb0 + 126u) << 7) * 0x10001u;  // bf16x2 of 2^(s-1)
-        S1[b] = ((sb1 + 126u) << 7) * 0x10001u;
+        Y0[b] = sb0 * 0x10001u;
+        Y1[b] = sb1 * 0x10001u;
       }
     }
+    // NOTE: warp-uniform choice of the decode: one multiply unless a scale byte of the warp's
+    // tile is above kSOne.
+    bool big = false;
+#pragma unroll
+    for (int b = 0; b < kTBlk; ++b) big |= ((Y0[b] & 0xFFu) > kSOne) | ((Y1[b] & 0xFFu) > kSOne);
 
     uint32_t a[kSteps][4];
+    auto decode = [&](auto wide) {
+      constexpr bool kWide = decltype(wide)::value;
+      uint32_t S0[kTBlk], S1[kTBlk], E0[kTBlk], E1[kTBlk];
 #pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1];
-      const uint32_t sA = S0[(j * kTBlk) / kSteps], sB = S1[(j * kTBlk) / kSteps];
-      if constexpr (PK) {  // pairs 2(j&1) (K elements +4j, +1) and 2(j&1)+1 (+2, +3) of the word
-        const int q = 2 * (j & 1);
-        a[j][0] = bmul2(mxfp4_packed_pair(x0, q), sA);
-        a[j][1] = bmul2(mxfp4_packed_pair(x1, q), sB);
-        a[j][2] = bmul2(mxfp4_packed_pair(x0, q + 1), sA);
-        a[j][3] = bmul2(mxfp4_packed_pair(x1, q + 1), sB);
-        continue;
+      for (int b = 0; b < kTBlk; ++b) {
+        S0[b] = kWide ? scale_lo(Y0[b]) : scale_one(Y0[b]);
+        S1[b] = kWide ? scale_lo(Y1[b]) : scale_one(Y1[b]);
+        if constexpr (kWide) {
+          E0[b] = scale_hi(Y0[b]);
+          E1[b] = scale_hi(Y1[b]);
+        }
       }
-      const uint32_t b = 2 * (j & 1);  // byte of K elements +4j, +1; byte b + 1: +2, +3
-      const uint32_t lo_sel = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
-      const uint32_t hi_sel = lo_sel + 0x1111u;
-      a[j][0] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x0, x0 >> 4, lo_sel)), sA);
-      a[j][1] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x1, x1 >> 4, lo_sel)), sB);
-      a[j][2] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x0, x0 >> 4, hi_sel)), sA);
-      a[j][3] = bmul2(e2m1x2_to_bf16x2_tiny(__byte_perm(x1, x1 >> 4, hi_sel)), sB);
-    }
+#pragma unroll
+      for (int j = 0; j < kSteps; ++j) {
+        const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1];
+        const int bi = (j * kTBlk) / kSteps;
+        const uint32_t sA = S0[bi], sB = S1[bi];
+        uint32_t p0, p1, p2, p3;
+        if constexpr (PK) {  // pairs 2(j&1) (K elements +4j, +1) and 2(j&1)+1 (+2, +3) of the word
+          const int q = 2 * (j & 1);
+          p0 = mxfp4_packed_pair(x0, q);
+          p1 = mxfp4_packed_pair(x1, q);
+          p2 = mxfp4_packed_pair(x0, q + 1);
+          p3 = mxfp4_packed_pair(x1, q + 1);
+        } else {
+          const uint32_t b = 2 * (j & 1);  // byte of K elements +4j, +1; byte b + 1: +2, +3
+          const uint32_t lo_sel = b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12);
+          const uint32_t hi_sel = lo_sel + 0x1111u;
+          p0 = e2m1x2_to_bf16x2_tiny(__byte_perm(x0, x0 >> 4, lo_sel));
+          p1 = e2m1x2_to_bf16x2_tiny(__byte_perm(x1, x1 >> 4, lo_sel));
+          p2 = e2m1x2_to_bf16x2_tiny(__byte_perm(x0, x0 >> 4, hi_sel));
+          p3 = e2m1x2_to_bf16x2_tiny(__byte_perm(x1, x1 >> 4, hi_sel));
+        }
+        a[j][0] = bmul2(p0, sA);
+        a[j][1] = bmul2(p1, sB);
+        a[j][2] = bmul2(p2, sA);
+        a[j][3] = bmul2(p3, sB);
+        if constexpr (kWide) {
+          a[j][0] = bmul2(a[j][0], E0[bi]);
+          a[j][1] = bmul2(a[j][1], E1[bi]);
+          a[j][2] = bmul2(a[j][2], E0[bi]);
+          a[j][3] = bmul2(a[j][3], E1[bi]);
+        }
+      }
+    };
+    if (__any_sync(0xFFFFFFFFu, big))
+      decode(std::true_type{});
+    else
+      decode(std::false_type{});
     // descriptor of this stage's activation tile: the stage-0 descriptor plus the stage offset in
     // its 16-byte address field (no carry out of the field: shared addresses are below 2^18)
     const uint64_t dstage = desc0 + uint64_t(((it % S) * kStageBytes) >> 4);
@@ -559,7 +625,7 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   }
   cp_async_wait<0>();
 
-  finish_tile<NT, KT>(A, acc, bad, true, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
+  finish_tile<NT, KT>(A, acc, true, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
 }
 
 /// Warp-specialized form of the packed kernel at KT = 256 (NT = 16, 32: the decode shapes). Warp 8
@@ -618,7 +684,6 @@ __global__ void __launch_bounds__(288, 2)
   float acc[NT / 2];
 #pragma unroll
   for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
-  bool bad = false;
   const int g = lane >> 2, t = lane & 3;
   const int rl = 64 * (warp >> 2) + 16 * (warp & 3) + g;  // consumer rows rl, rl + 8
 
@@ -672,16 +737,17 @@ __global__ void __launch_bounds__(288, 2)
       const uint8_t* st = smem + s * kStageBytes;
       const uint32_t u0 = *reinterpret_cast<const uint32_t*>(st + so0);
       const uint32_t u1 = *reinterpret_cast<const uint32_t*>(st + so1);
-      uint32_t S0[2], S1[2];
+      uint32_t Y0[2], Y1[2];
+      bool big = false;
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         const uint32_t byte = uint32_t(2 * (t & 1) + b);
         const uint32_t sel = byte | 0x40u | (byte << 8) | 0x4000u;  // the byte in both halves
-        const uint32_t y0 = __byte_perm(u0, 0u, sel), y1 = __byte_perm(u1, 0u, sel);
-        bad |= ((y0 & 0xFFu) > 128u) | ((y1 & 0xFFu) > 128u);
-        S0[b] = (y0 + 0x007E007Eu) << 7;  // bf16x2 of 2^(s-1)
-        S1[b] = (y1 + 0x007E007Eu) << 7;
+        Y0[b] = __byte_perm(u0, 0u, sel);
+        Y1[b] = __byte_perm(u1, 0u, sel);
+        big |= ((Y0[b] & 0xFFu) > kSOne) | ((Y1[b] & 0xFFu) > kSOne);
       }
+      const bool wide = __any_sync(0xFFFFFFFFu, big);  // warp-uniform: two-multiply decode of this stage
       uint32_t q0[8], q1[8];  // bytes 32t .. 32t + 31 of the two rows (chunks 2t, 2t + 1)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -696,15 +762,31 @@ __global__ void __launch_bounds__(288, 2)
 #pragma unroll
       for (int qb = 0; qb < Q; ++qb) {
         uint32_t a[kPer][4];
+        auto decode = [&](auto wide_t) {
+          constexpr bool kWide = decltype(wide_t)::value;
 #pragma unroll
-        for (int jj = 0; jj < kPer; ++jj) {
-          const int j = qb * kPer + jj, q = 2 * (j & 1);
-          const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1], sA = S0[j >> 3], sB = S1[j >> 3];
-          a[jj][0] = bmul2(mxfp4_packed_pair(x0, q), sA);
-          a[jj][1] = bmul2(mxfp4_packed_pair(x1, q), sB);
-          a[jj][2] = bmul2(mxfp4_packed_pair(x0, q + 1), sA);
-          a[jj][3] = bmul2(mxfp4_packed_pair(x1, q + 1), sB);
-        }
+          for (int jj = 0; jj < kPer; ++jj) {
+            const int j = qb * kPer + jj, q = 2 * (j & 1);
+            const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1];
+            const uint32_t sA = kWide ? scale_lo(Y0[j >> 3]) : scale_one(Y0[j >> 3]);
+            const uint32_t sB = kWide ? scale_lo(Y1[j >> 3]) : scale_one(Y1[j >> 3]);
+            a[jj][0] = bmul2(mxfp4_packed_pair(x0, q), sA);
+            a[jj][1] = bmul2(mxfp4_packed_pair(x1, q), sB);
+            a[jj][2] = bmul2(mxfp4_packed_pair(x0, q + 1), sA);
+            a[jj][3] = bmul2(mxfp4_packed_pair(x1, q + 1), sB);
+            if constexpr (kWide) {
+              const uint32_t eA = scale_hi(Y0[j >> 3]), eB = scale_hi(Y1[j >> 3]);
+              a[jj][0] = bmul2(a[jj][0], eA);
+              a[jj][1] = bmul2(a[jj][1], eB);
+              a[jj][2] = bmul2(a[jj][2], eA);
+              a[jj][3] = bmul2(a[jj][3], eB);
+            }
+          }
+        };
+        if (wide)
+          decode(std::true_type{});
+        else
+          decode(std::false_type{});
         cute::warpgroup_arrive();
 #pragma unroll
         for (int jj = 0; jj < kPer; ++jj) {
@@ -723,7 +805,7 @@ __global__ void __launch_bounds__(288, 2)
     }
     griddep_wait();  // the epilogue reads the pre-pass's flags
   }
-  finish_tile<NT, KT>(A, acc, bad, warp < 8, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
+  finish_tile<NT, KT>(A, acc, warp < 8, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
 }
 
 /// Split-K: sums the partials in split order and runs the epilogue (rows of m_indptr[G].. skipped).
