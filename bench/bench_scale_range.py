@@ -4,8 +4,10 @@ Dense W4A16 through one group (16384 x 7168 weights, bf16 activations, M tokens)
 randn * mult quantized to MXFP4 (RCEIL): mult = 1 keeps every scale byte at or below 128 (the
 range the kernel once decoded alone), mult = 3 puts a few above it, mult = 30 nearly all; "full"
 draws the scale bytes uniformly from [0, 254] (every finite value, mixed within each tile and
-K loop). A slow path for any of them would show as a step in the lowbit column. Anchor: cuBLAS
-bf16 (torch.mm on the dequantized weights) in the same process.
+K loop). A slow path for any of them would show as a step in the lowbit column. W4A8 rows (x1
+weights, MXFP8 E4M3 activations): "a8" quantized randn, "a8low" the same codes with every other
+activation scale byte set to 0..2 (values below bf16's subnormal step unless shifted). Anchor:
+cuBLAS bf16 (torch.mm on the dequantized weights) in the same process.
 
     python bench/bench_scale_range.py [--tokens 1,16,256] [--json out/scale_range.json]
 """
@@ -21,13 +23,15 @@ from lowbit_bench.report import Report, Row, add_common_args  # noqa: E402
 from lowbit_bench.timing import measure_ceilings, time_fn  # noqa: E402
 
 N, K = 16384, 7168
-CASES = ("x1", "x3", "x30", "full")
+CASES = ("x1", "x3", "x30", "full", "a8", "a8low")
 
 
 def make_weights(torch, case, seed):
     import lowbit
 
     g = torch.Generator(device="cuda").manual_seed(seed)
+    if case.startswith("a8"):
+        case = "x1"
     if case == "full":
         codes = torch.randint(0, 256, (1, N, K // 2), dtype=torch.uint8, device="cuda", generator=g)
         scales = torch.randint(0, 255, (1, N, K // 32), dtype=torch.uint8, device="cuda", generator=g)
@@ -68,20 +72,29 @@ def main(argv=None) -> int:
         pk, pks = lowbit.group_gemm_mxfp4_prepack(codes, scales, b_scale_layout="row_major")
         for T in tokens:
             a = (torch.randn((T, K), device="cuda") * 0.5).to(torch.bfloat16)
+            a_sc = None
+            if case.startswith("a8"):
+                qa = lowbit.quantize(a, "mxfp8_e4m3", "row_major")
+                a, a_sc = qa.data, qa.scales.view(torch.uint8).clone()
+                if case == "a8low":
+                    a_sc[:, ::2] = torch.randint(0, 3, a_sc[:, ::2].shape, dtype=torch.uint8, device="cuda")
             ind = torch.tensor([0, T], dtype=torch.int32, device="cuda")
             out = torch.empty((T, N), dtype=torch.bfloat16, device="cuda")
             outp = torch.empty_like(out)
 
             def plain():
-                lowbit.group_gemm_mxfp4_nt_groupwise(a, codes, None, scales, ind, "bfloat16",
+                lowbit.group_gemm_mxfp4_nt_groupwise(a, codes, a_sc, scales, ind, "bfloat16", a_scale_layout="row_major",
                                                      b_scale_layout="row_major", out=out)
 
             def packed():
-                lowbit.group_gemm_mxfp4_nt_groupwise(a, pk, None, pks, ind, "bfloat16",
+                lowbit.group_gemm_mxfp4_nt_groupwise(a, pk, a_sc, pks, ind, "bfloat16", a_scale_layout="row_major",
                                                      b_scale_layout="row_major", out=outp, b_packed=True)
 
+            a16 = a if a_sc is None else (a.float() * torch.exp2(a_sc.float() - 127).repeat_interleave(32, dim=1)).to(
+                torch.bfloat16)
+
             def anchor():
-                return torch.mm(a, wb16.t())
+                return torch.mm(a16, wb16.t())
 
             t_pl = time_fn(plain, warmup=args.warmup, iters=args.iters, flush_l2=flush)
             t_pk = time_fn(packed, warmup=args.warmup, iters=args.iters, flush_l2=flush)
@@ -92,7 +105,7 @@ def main(argv=None) -> int:
             same = bool(torch.equal(out.view(torch.int16), outp.view(torch.int16)))
             nbytes = N * K // 2 + N * K // 32 + T * K * 2 + T * N * 2
             for name, t in (("plain", t_pl), ("packed", t_pk)):
-                rep.add(Row(op=f"w4a16_{name}_{case}", shape=f"{T}x{K}x{N}", lowbit_us=t.median_us,
+                rep.add(Row(op=f"{'w4a8' if a_sc is not None else 'w4a16'}_{name}_{case}", shape=f"{T}x{K}x{N}", lowbit_us=t.median_us,
                             lowbit_p10_us=t.p10_us, lowbit_p90_us=t.p90_us, anchor="cublas_bf16",
                             anchor_us=t_an.median_us, bytes=nbytes, timing=t.mode,
                             check=f"max|err|/max|ref|={err:.1e} packed==plain:{same}",

@@ -394,9 +394,13 @@ def _special_operands(kind, act, N=256, K=512, sizes=SPECIAL_SIZES, seed=11):
     w_high: weight scales 130..199 in every K block; w_high_mixed: in every other K block (the
     others 124..128); w_low: weight scales 0..5; a_low: activation scales 0..2 (E4M3) / 0..9
     (E5M2); nan: scale 255 in a few activation rows / weight rows, and in the whole expert of an
-    empty group. Codes are FLOOR-quantized randn; the activation side (scale byte or bf16
-    exponent) compensates the weight scale of each K block, so every block contributes to the
-    sums and every intermediate stays a finite, exact fp32 (the reference's A and B elements)."""
+    empty group; a_span: activation scales over 0..240 (E4M3) / 0..229 (E5M2) mixed within every
+    row (K = 8192), so each row is shifted into bf16's range by the pre-pass. Codes are
+    FLOOR-quantized randn; the activation side (scale byte or bf16 exponent) compensates the
+    weight scale of each K block, so every block contributes to the sums and every intermediate
+    stays a finite, exact fp32 (the reference's A and B elements)."""
+    if kind == "a_span":
+        K = 8192
     ops = _randn_operands(sizes, N, K, act, seed)
     rng = np.random.default_rng(seed + 1)
     Kb = K // 32
@@ -426,6 +430,12 @@ def _special_operands(kind, act, N=256, K=512, sizes=SPECIAL_SIZES, seed=11):
         ops.a_sc = np.broadcast_to(abase[None, :], (ops.M, Kb)).astype(np.uint8).copy()
         t = -12 if act == "e4m3" else -20
         ops.b_sc = (254 + t - abase[None, None, :] + n % 3 + np.zeros((ops.G, 1, 1), np.int64)).astype(np.uint8)
+    elif kind == "a_span":
+        assert act != "bf16"
+        top, t = (240, -12) if act == "e4m3" else (229, -20)
+        abase = rng.permutation(np.arange(Kb) % (top + 1))
+        ops.a_sc = (abase[None, :] + np.zeros((ops.M, 1), np.int64)).astype(np.uint8)
+        ops.b_sc = (254 + t - abase[None, None, :] + n % 3 + np.zeros((ops.G, 1, 1), np.int64)).astype(np.uint8)
     elif kind == "nan":
         if ops.a_sc is not None:
             for r in (0, 7, ops.M - 1):
@@ -454,6 +464,8 @@ SPECIAL = [
     ("a_low", "e4m3", "row_major", "row_major", "float16"),
     ("a_low", "e5m2", "blocked128x4", "row_major", "bfloat16"),
     ("a_low", "e5m2", "row_major", "blocked128x4", "float16"),
+    ("a_span", "e4m3", "blocked128x4", "row_major", "bfloat16"),
+    ("a_span", "e5m2", "row_major", "blocked128x4", "float16"),
     ("nan", "e4m3", "blocked128x4", "blocked128x4", "bfloat16"),
     ("nan", "e5m2", "row_major", "row_major", "float16"),
     ("nan", "bf16", "row_major", "blocked128x4", "bfloat16"),
@@ -473,6 +485,8 @@ def test_group_gemm_special_scales(torch, kind, act, la, lb, out, packed):
         assert ops.b_sc.max() <= 5 and ops.b_sc.min() == 0
     elif kind == "a_low":
         assert ops.a_sc.max() == (2 if act == "e4m3" else 9)
+    elif kind == "a_span":
+        assert ops.a_sc.min() == 0 and ops.a_sc.max() >= 229
     got, ref = _check_gemm(torch, ops, a_layout=la, b_layout=lb, out_name=out, ind_dtype=np.int64,
                            label=f"{kind} {act} {out}", packed=packed)
     finite = np.isfinite(ref)
@@ -493,14 +507,23 @@ def _full_range_operands(act, N=256, K=8192, sizes=(0, 5, 130, 0, 33, 1), seed=1
     base = rng.permutation(np.arange(Kb) % 253)
     n = np.arange(N)[None, :, None]
     ops.b_sc = (base[None, None, :] + n % 3 + np.zeros((ops.G, 1, 1), np.int64)).astype(np.uint8)
+    # bytes 253 / 254: magnitudes up to 3 / 1.5 (codes 5 / 3), so that every weight element is a
+    # finite fp32 (the reference decodes elements one by one)
+    top = np.repeat(np.where(ops.b_sc == 254, 3, np.where(ops.b_sc == 253, 5, 7)), 16, axis=2).astype(np.uint8)
+    lo_n, hi_n = ops.b & 0x0F, ops.b >> 4
+    lo_n = (lo_n & 8) | np.minimum(lo_n & 7, top)
+    hi_n = (hi_n & 8) | np.minimum(hi_n & 7, top)
+    ops.b = (lo_n | (hi_n << 4)).astype(np.uint8)
     m = np.arange(ops.M)[:, None]
-    a_exp = -8 - (base[None, :] - 127) + m % 4  # product exponent about -8 + m % 4 + n % 3
+    t = {"e4m3": -8, "e5m2": -16, "bf16": -8}[act]  # e5m2 codes reach 2^15: keep fp16 outputs finite
+    a_exp = t - (base[None, :] - 127) + m % 4  # scale exponents of a and b add up to t + m % 4 + n % 3
     if act == "bf16":
         x = ops.a.astype(np.float32) * np.repeat(np.ldexp(np.float32(1), a_exp), 32, axis=1)
         ops.a = x.astype(ml_dtypes.bfloat16)
     else:
-        lo = 3 if act == "e4m3" else 10  # exact in bf16 at or above this scale byte
-        ops.a_sc = np.clip(a_exp + 127, lo, 254).astype(np.uint8)
+        # bf16-exact at or above lo; every element a finite fp32 at or below hi
+        lo, hi = (3, 246) if act == "e4m3" else (10, 239)
+        ops.a_sc = np.clip(a_exp + 127, lo, hi).astype(np.uint8)
     return ops
 
 

@@ -12,10 +12,11 @@
 //    for every s in [0, 254] (e2m1 * 2^(s-132) spans 2^-133 .. 1.5 * 2^125, inside bf16's range with
 //    its subnormals). The epilogue multiplies the fp32 accumulator by 2^5 (exact). Every finite
 //    weight scale byte runs on the tensor cores.
-//  * An activation element the bf16 pre-pass cannot hold exactly (a nonzero MXFP8 value below
-//    bf16's subnormal step 2^-133, which needs a scale byte below 3 (E4M3) or 10 (E5M2)) sends the
-//    CTAs of its rows to an exact fp32 CUDA-core recomputation from the original operands. Zero
-//    blocks (scale byte 0) and every other element run on the tensor cores.
+//  * MXFP8 activations: the pre-pass writes each row times 2^ka, ka = max(0, lo - the row's
+//    smallest scale byte) (lo = 3 for E4M3, 10 for E5M2), so that every element is a bf16-exact
+//    multiple of 2^-133; the epilogue multiplies the row's sums by 2^-ka. Only a row that spans more
+//    than bf16's range (a scale byte below lo and values within 2^ka of bf16's top in one row)
+//    sends the CTAs of its rows to an exact fp32 CUDA-core recomputation from the original operands.
 //  * m_indptr may come from the device and is not validated there: every kernel clamps its bounds
 //    to [0, M] (M = activation rows) and stored scale rows to the scale buffer, so a wrong m_indptr
 //    gives wrong rows, never an access outside the given buffers.
@@ -65,7 +66,8 @@ __device__ __forceinline__ uint32_t scale_one(uint32_t y) { return (y + 0x000100
 __device__ __forceinline__ uint32_t scale_lo(uint32_t y) { return scale_one(__vminu2(y, 0x00010001u * kSOne)); }
 __device__ __forceinline__ uint32_t scale_hi(uint32_t y) {
   const uint32_t h = (__vmaxu2(y, 0x00010001u * kSOne) - 0x00010001u * (kSOne - 127u)) << 7;
-  return h | (__vcmpeq2(y, 0x00FF00FFu) & 0x7FC07FC0u);
+  const uint32_t nan = ((y + 0x00010001u) >> 8) & 0x00010001u;  // 1 in a half holding byte 255
+  return h | (nan * 0x7FC0u);
 }
 
 /// Position, within its KT-wide block (KT = 64, 128 or 256: the K tile of a pipeline stage) of a
@@ -100,6 +102,7 @@ struct GroupArgs {
   bool indptr64 = false;
   const uint16_t* act = nullptr;      ///< [M][Kp] bf16 in act_pos order
   const uint8_t* tok_flag = nullptr;  ///< [M][Kp/64]: 1 = a block the bf16 pre-pass could not hold exactly
+  const float* tok_scale = nullptr;   ///< [M]: 2^(kWShift - ka) of each row (MXFP8 A; null: 2^kWShift)
   // Exact fallback sources: the original A (MXFP8 codes + scales or bf16); null: read `act`.
   const void* a = nullptr;
   DType a_dtype = DType::kBFloat16;
@@ -169,17 +172,34 @@ __global__ void act_prepass_kernel(GroupArgs A) {
     const int64_t m = item / kblocks, k0 = (item % kblocks) * 64, k = k0 + 2 * lane;
     float v0 = 0.0f, v1 = 0.0f;
     bool inexact = false;
+    int64_t srow = 0;
+    float up = 1.0f;  // 2^ka: the row's shift into bf16's range
+    if (A.a_scale) {
+      // NOTE: the row's smallest scale byte sets its shift ka = max(0, lo - min s): every element
+      // times 2^ka is then a multiple of 2^-133 (bf16-exact) unless the row also holds values
+      // within 2^ka of bf16's top; the epilogue multiplies the row's sums by 2^-ka (exact).
+      srow = A.a_scale_row(m);
+      uint32_t mn = 255u;
+      for (int64_t c = lane; c < A.K / 32; c += 32) {
+        const uint32_t v = A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, c)];
+        mn = v < mn ? v : mn;
+      }
+      mn = __reduce_min_sync(0xFFFFFFFFu, mn);
+      const int ka = int(mn) < lo ? lo - int(mn) : 0;
+      up = float(1 << ka);
+      if (A.tok_scale && k0 == 0 && lane == 0) const_cast<float*>(A.tok_scale)[m] = kWUnshift / up;
+    }
     if (k < A.K) {
       if (A.a_scale) {
         const uint8_t* src = static_cast<const uint8_t*>(A.a) + m * A.a_sM + k;
-        const uint8_t s = A.a_scale[A.a_scale_offset(m, k >> 5)];
-        const float sc = decode_ue8m0(s);
+        const uint8_t s = A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, k >> 5)];
+        const float sc = decode_ue8m0(s) * up;  // exact
         const bool e4 = A.a_dtype == DType::kE4M3;
         v0 = (e4 ? decode_e4m3(src[0]) : decode_e5m2(src[0])) * sc;
         v1 = (e4 ? decode_e4m3(src[1]) : decode_e5m2(src[1])) * sc;
-        // NOTE: exact in fp32; bf16 holds it unless it is a nonzero value finer than 2^-133
-        // (possible only for s < lo). NaN stays NaN either way.
-        if (s < lo) inexact = bf16_inexact(v0) || bf16_inexact(v1);
+        // NOTE: exact in fp32; NaN stays NaN. bf16 misses it only in a row spanning more than
+        // bf16's range (a scale byte below lo and one near the top in the same row).
+        inexact = bf16_inexact(v0) || bf16_inexact(v1);
       } else {
         const uint16_t* src = static_cast<const uint16_t*>(A.a) + m * A.a_sM + k;
         v0 = decode_bf16(src[0]);
@@ -308,7 +328,8 @@ __device__ __forceinline__ void finish_tile(const GroupArgs& A, const float (&ac
       const int64_t m = m0 + 8 * j + 2 * t + h;
       const int64_t R = R0 + rl;
       if (m >= m1 || R >= A.N) continue;
-      float v0 = acc[4 * j + h] * kWUnshift, v1 = acc[4 * j + 2 + h] * kWUnshift;  // exact
+      const float un = A.tok_scale ? A.tok_scale[m] : kWUnshift;  // a power of two: exact
+      float v0 = acc[4 * j + h] * un, v1 = acc[4 * j + 2 + h] * un;
       if (bad) {
         v0 = exact_dot(A, grp, R, m, kb, ke);
         v1 = R + 8 < A.N ? exact_dot(A, grp, R + 8, m, kb, ke) : 0.0f;
@@ -748,6 +769,16 @@ __global__ void __launch_bounds__(288, 2)
         big |= ((Y0[b] & 0xFFu) > kSOne) | ((Y1[b] & 0xFFu) > kSOne);
       }
       const bool wide = __any_sync(0xFFFFFFFFu, big);  // warp-uniform: two-multiply decode of this stage
+      uint32_t S0[2], S1[2], E0[2] = {0u, 0u}, E1[2] = {0u, 0u};
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        S0[b] = wide ? scale_lo(Y0[b]) : scale_one(Y0[b]);
+        S1[b] = wide ? scale_lo(Y1[b]) : scale_one(Y1[b]);
+        if (wide) {
+          E0[b] = scale_hi(Y0[b]);
+          E1[b] = scale_hi(Y1[b]);
+        }
+      }
       uint32_t q0[8], q1[8];  // bytes 32t .. 32t + 31 of the two rows (chunks 2t, 2t + 1)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -767,15 +798,13 @@ __global__ void __launch_bounds__(288, 2)
 #pragma unroll
           for (int jj = 0; jj < kPer; ++jj) {
             const int j = qb * kPer + jj, q = 2 * (j & 1);
-            const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1];
-            const uint32_t sA = kWide ? scale_lo(Y0[j >> 3]) : scale_one(Y0[j >> 3]);
-            const uint32_t sB = kWide ? scale_lo(Y1[j >> 3]) : scale_one(Y1[j >> 3]);
+            const uint32_t x0 = q0[j >> 1], x1 = q1[j >> 1], sA = S0[j >> 3], sB = S1[j >> 3];
             a[jj][0] = bmul2(mxfp4_packed_pair(x0, q), sA);
             a[jj][1] = bmul2(mxfp4_packed_pair(x1, q), sB);
             a[jj][2] = bmul2(mxfp4_packed_pair(x0, q + 1), sA);
             a[jj][3] = bmul2(mxfp4_packed_pair(x1, q + 1), sB);
             if constexpr (kWide) {
-              const uint32_t eA = scale_hi(Y0[j >> 3]), eB = scale_hi(Y1[j >> 3]);
+              const uint32_t eA = E0[j >> 3], eB = E1[j >> 3];
               a[jj][0] = bmul2(a[jj][0], eA);
               a[jj][1] = bmul2(a[jj][1], eB);
               a[jj][2] = bmul2(a[jj][2], eA);
@@ -991,10 +1020,15 @@ int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
   a.mode = kEpiPlain; a.out = p.out; a.out_dtype = p.out_dtype; a.o_sM = p.o_sM;
 
   uint16_t* act = nullptr;
-  cudaError_t e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&act), size_t(p.M * a.Kp * 2 + p.M * (a.Kp / 64)), pool, st);
+  // act [M][Kp] bf16, tok_scale [M] fp32, tok_flag [M][Kp/64] bytes
+  cudaError_t e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&act),
+                                          size_t(p.M * a.Kp * 2 + p.M * 4 + p.M * (a.Kp / 64)), pool, st);
   if (e != cudaSuccess) return int(e);
   a.act = act;
-  if (p.a_scale) a.tok_flag = reinterpret_cast<const uint8_t*>(act + p.M * a.Kp);
+  if (p.a_scale) {
+    a.tok_scale = reinterpret_cast<const float*>(act + p.M * a.Kp);
+    a.tok_flag = reinterpret_cast<const uint8_t*>(a.tok_scale + p.M);
+  }
   {
     int dev = 0;
     cudaGetDevice(&dev);
