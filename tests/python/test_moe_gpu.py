@@ -527,9 +527,9 @@ def _full_range_operands(act, N=256, K=8192, sizes=(0, 5, 130, 0, 33, 1), seed=1
     return ops
 
 
-FULL_RANGE = [
+FULL_RANGE = [  # bf16 outputs: E5M2 scale bytes stop at 10, so its top weight blocks give sums beyond fp16
     ("e4m3", "blocked128x4", "row_major", "bfloat16"),
-    ("e5m2", "row_major", "blocked128x4", "float16"),
+    ("e5m2", "row_major", "blocked128x4", "bfloat16"),
     ("bf16", "row_major", "row_major", "bfloat16"),
 ]
 
