@@ -475,12 +475,15 @@ _HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGH
 
 def _install_handlers() -> dict:
     """Routes SIGINT, SIGTERM and SIGHUP to _on_signal for the run of a command; returns the
-    previous handlers (nothing is installed outside the main thread, where Python cannot)."""
+    previous handlers. A signal the caller ignores (SIG_IGN, e.g. SIGHUP under nohup) stays
+    ignored; nothing is installed outside the main thread, where Python cannot."""
     old = {}
     if threading.current_thread() is not threading.main_thread():
         return old
     for sig in _HANDLED_SIGNALS:
         try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                continue
             old[sig] = signal.signal(sig, _on_signal)
         except (ValueError, OSError):
             pass

@@ -16,7 +16,7 @@ prod(shape) * itemsize, no two tensors overlapping. Tensors are read with pread 
 mapping): a file truncated or resized while it is read gives a SafetensorsError, never a
 SIGBUS.
 
-Writing goes to a temporary file created exclusively (mkstemp) beside the destination, which
+Writing goes to a temporary file created exclusively (O_EXCL, a random name) beside the destination, which
 replaces the destination (os.replace) only once it is complete: a failure never leaves a partial
 output behind. Only a regular file (or a name that does not exist yet) is ever replaced; a
 replaced file keeps its permission bits, a new one gets 0666 & ~umask. Temporary files still
@@ -26,13 +26,11 @@ command line calls it from its SIGTERM / SIGHUP / SIGINT handlers).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
+import secrets
 import stat
 import struct
-import tempfile
 import threading
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -213,25 +211,12 @@ def same_file(a: Union[str, os.PathLike], b: Union[str, os.PathLike]) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-# Temporary files being written (path -> None), for remove_temporary_files().
+# Temporary files being written (path -> None), for remove_temporary_files(). A name is recorded
+# before the file is created, so a signal handler that runs at any point finds every temporary
+# file this process may have created. Re-entrant lock: a signal handler may call
+# remove_temporary_files() while the same thread holds it.
 _LIVE_TEMPS: Dict[str, None] = {}
-_LIVE_LOCK = threading.Lock()
-_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-
-
-@contextlib.contextmanager
-def _signals_deferred():
-    """Blocks SIGINT/SIGTERM/SIGHUP (delivered on exit) around a few calls that must not be
-    separated: creating a temporary file and recording it, renaming it and forgetting it."""
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = mask(signal.SIG_BLOCK, _SIGNALS)
-    try:
-        yield
-    finally:
-        mask(signal.SIG_SETMASK, old)
+_LIVE_LOCK = threading.RLock()
 
 
 def live_temporary_files() -> List[str]:
@@ -252,20 +237,30 @@ def remove_temporary_files() -> None:
             _LIVE_TEMPS.pop(p, None)
 
 
+def _forget(tmp: str) -> None:
+    with _LIVE_LOCK:
+        _LIVE_TEMPS.pop(tmp, None)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-class AtomicFile:
-    """A new file written under an exclusive temporary name beside `path` (mkstemp in the same
-    directory: O_CREAT | O_EXCL, a random name, never a planted file or symbolic link), renamed
-    over `path` by commit() and removed by abort().
+_TEMP_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
 
-    path is checked first (check_output_path): its directory must exist and an existing target
-    must be a regular file (and is refused when overwrite is False). A replaced file keeps its
-    permission bits; a new one gets 0666 & ~umask.
+
+class AtomicFile:
+    """A new file written under an exclusive temporary name beside `path`, renamed over `path` by
+    commit() and removed by abort().
+
+    The temporary file is `.NAME.<16 random hex digits>.tmp` in the target's directory, created
+    with O_CREAT | O_EXCL | O_NOFOLLOW (mode 0600): never a planted file or symbolic link. path is
+    checked first (check_output_path): its directory must exist and an existing target must be a
+    regular file (and is refused when overwrite is False). A replaced file keeps its permission
+    bits; a new one gets 0666 & ~umask.
     """
 
     def __init__(self, path: Union[str, os.PathLike], what: str = "output", overwrite: bool = True):
@@ -274,32 +269,48 @@ class AtomicFile:
         self.overwrite = overwrite
         self.target = check_output_path(self.path, what, overwrite)
         self._tmp: Optional[str] = None
-        self.fh = None
-        directory = os.path.dirname(self.target)
-        with _signals_deferred():
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(self.target) + ".",
-                                       suffix=".tmp")
+        self._fd: Optional[int] = None
+        directory, base = os.path.split(self.target)
+        for _ in range(100):
+            tmp = os.path.join(directory, f".{base}.{secrets.token_hex(8)}.tmp")
             with _LIVE_LOCK:
                 _LIVE_TEMPS[tmp] = None
             self._tmp = tmp
-        try:
-            self.fh = os.fdopen(fd, "wb")
-        except BaseException:
-            os.close(fd)
-            self.abort()
-            raise
+            try:
+                self._fd = os.open(tmp, _TEMP_FLAGS, 0o600)
+                return
+            except FileExistsError:
+                _forget(tmp)
+                self._tmp = None
+            except BaseException:
+                _forget(tmp)
+                self._tmp = None
+                raise
+        raise SafetensorsError(f"{self.path}: could not create a temporary file beside the {what}")
 
     @property
     def temp_path(self) -> Optional[str]:
         return self._tmp
 
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise SafetensorsError(f"{self.path}: the temporary file is closed")
+        return self._fd
+
+    def write(self, data) -> None:
+        """Writes all of `data` (bytes-like)."""
+        mv = memoryview(data).cast("B")
+        fd = self.fileno()
+        while len(mv):
+            n = os.write(fd, mv)
+            mv = mv[n:]
+
     def commit(self) -> None:
         """Flushes the data to disk and renames the temporary file over the target."""
-        if self._tmp is None:
+        if self._tmp is None or self._fd is None:
             raise SafetensorsError(f"{self.path}: nothing to commit (already committed or aborted)")
         try:
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
+            os.fsync(self._fd)
             try:
                 old = os.stat(self.target)
             except FileNotFoundError:
@@ -312,18 +323,17 @@ class AtomicFile:
                                        f"(--force replaces it)")
             mode = stat.S_IMODE(old.st_mode) & 0o777 if old is not None else 0o666 & ~_umask()
             if hasattr(os, "fchmod"):
-                os.fchmod(self.fh.fileno(), mode)
-            self.fh.close()
-            if not hasattr(os, "fchmod"):
+                os.fchmod(self._fd, mode)
+            else:
                 os.chmod(self._tmp, mode)
-            with _signals_deferred():
-                if self.overwrite:
-                    os.replace(self._tmp, self.target)
-                else:
-                    self._link_no_clobber()
-                with _LIVE_LOCK:
-                    _LIVE_TEMPS.pop(self._tmp, None)
-                self._tmp = None
+            fd, self._fd = self._fd, None
+            os.close(fd)
+            if self.overwrite:
+                os.replace(self._tmp, self.target)
+            else:
+                self._link_no_clobber()
+            tmp, self._tmp = self._tmp, None
+            _forget(tmp)
         except BaseException:
             self.abort()
             raise
@@ -345,21 +355,19 @@ class AtomicFile:
 
     def abort(self) -> None:
         """Removes the temporary file (the target is left as it was)."""
-        fh = self.fh
-        if fh is not None and not fh.closed:
+        fd, self._fd = self._fd, None
+        if fd is not None:
             try:
-                fh.close()
+                os.close(fd)
             except OSError:
                 pass
-        tmp = self._tmp
+        tmp, self._tmp = self._tmp, None
         if tmp is not None:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
-            with _LIVE_LOCK:
-                _LIVE_TEMPS.pop(tmp, None)
-            self._tmp = None
+            _forget(tmp)
 
     def __enter__(self) -> "AtomicFile":
         return self
@@ -375,7 +383,7 @@ def write_text_atomic(path: Union[str, os.PathLike], text: str, what: str = "out
                       overwrite: bool = True) -> None:
     """Writes `text` (UTF-8) to `path` through an AtomicFile."""
     with AtomicFile(path, what, overwrite) as af:
-        af.fh.write(text.encode("utf-8"))
+        af.write(text.encode("utf-8"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -707,10 +715,8 @@ class SafetensorsWriter:
         self.size = 8 + len(raw) + offset
         self._next = 0
         self._file = AtomicFile(self.path, what, overwrite)
-        self._fh = self._file.fh
         try:
-            self._fh.write(struct.pack("<Q", len(raw)))
-            self._fh.write(raw)
+            self._file.write(struct.pack("<Q", len(raw)) + raw)
         except BaseException:
             self.abort()
             raise
@@ -732,7 +738,7 @@ class SafetensorsWriter:
         if arr.size:
             flat = _as_bytes(arr)
             for i in range(0, flat.size, _WRITE_CHUNK):
-                self._fh.write(memoryview(flat[i:i + _WRITE_CHUNK]))
+                self._file.write(flat[i:i + _WRITE_CHUNK])
         self._next += 1
 
     def commit(self) -> int:

@@ -281,6 +281,44 @@ def _drain(r):
     return b"".join(chunks).lstrip(b".").decode(errors="replace")
 
 
+def _start_stalled_quantize(src, out, preexec_fn=None):
+    """Starts `lowbit quantize SRC OUT --progress --force` in a subprocess and returns (process,
+    read end of its stderr) once it is stalled mid-write: --progress writes a line to stderr before
+    each tensor, after the temporary file and its header exist, and stderr is a full pipe, so the
+    child waits in that write until the pipe is drained."""
+    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
+    r, w = _full_pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "lowbit", "quantize", str(src), str(out), "-f", "int4",
+                             "--device", "cpu", "--progress", "--force"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=w, env=env,
+                            preexec_fn=preexec_fn)
+    os.close(w)
+    directory = os.path.dirname(str(out))
+    deadline = time.monotonic() + 60
+    try:
+        while not [p for p in os.listdir(directory) if p.endswith(".tmp")]:
+            assert proc.poll() is None, "the command ended before it wrote anything"
+            assert time.monotonic() < deadline, "no temporary file appeared"
+            time.sleep(0.01)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        os.close(r)
+        raise
+    return proc, r
+
+
+def _finish(proc, r, signum):
+    try:
+        proc.send_signal(signum)
+        err = _drain(r)
+        return proc.wait(timeout=60), err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_signal_mid_write_removes_the_temp_file(tmp_path, ckpt, signame):
     if not hasattr(signal, signame):
@@ -290,33 +328,29 @@ def test_signal_mid_write_removes_the_temp_file(tmp_path, ckpt, signame):
     out = tmp_path / "q.safetensors"
     out.write_bytes(b"old output")
     os.chmod(out, 0o640)
-    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
-    r, w = _full_pipe()
-    # --progress writes a line to stderr before each tensor, after the temporary file and its
-    # header exist; stderr is the full pipe, so the child stops there, mid-write, until signalled.
-    proc = subprocess.Popen([sys.executable, "-m", "lowbit", "quantize", str(src), str(out), "-f", "int4",
-                             "--device", "cpu", "--progress", "--force"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=w, env=env)
-    os.close(w)
-    try:
-        deadline = time.monotonic() + 60
-        while not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]:
-            assert proc.poll() is None, "the command ended before it wrote anything"
-            assert time.monotonic() < deadline, "no temporary file appeared"
-            time.sleep(0.01)
-        (tmp,) = [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
-        assert tmp.startswith(".q.safetensors.")
-        proc.send_signal(signum)
-        err = _drain(r)
-        rc = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc, r = _start_stalled_quantize(src, out)
+    (tmp,) = [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    assert tmp.startswith(".q.safetensors.")
+    rc, err = _finish(proc, r, signum)
     assert rc == 128 + signum, err
     assert f"interrupted by {signame}" in err and "Traceback" not in err
     assert sorted(os.listdir(tmp_path)) == ["in.safetensors", "q.safetensors"]
     assert out.read_bytes() == b"old output" and stat.S_IMODE(os.stat(out).st_mode) == 0o640
+
+
+def test_ignored_sighup_stays_ignored(tmp_path, ckpt):
+    """Under nohup (SIGHUP ignored) a hangup does not stop the command."""
+    if not hasattr(signal, "SIGHUP"):
+        pytest.skip("no SIGHUP here")
+    src, _ = ckpt
+    out = tmp_path / "q.safetensors"
+    proc, r = _start_stalled_quantize(src, out, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    assert proc.poll() is None and len(leftovers(tmp_path)) == 1
+    rc, err = _finish(proc, r, signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM, err
+    assert sorted(os.listdir(tmp_path)) == ["in.safetensors"]
 
 
 def test_signal_handlers_are_restored(tmp_path, capsys, ckpt):
