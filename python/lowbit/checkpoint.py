@@ -694,7 +694,7 @@ def format_from_entry(e: Dict[str, Any], name: Optional[str] = None):
     kwargs = e.get("format_kwargs")
     try:
         if not isinstance(fname, str):
-            raise TypeError(f"format must be a string")
+            raise TypeError("format must be a string")
         if isinstance(kwargs, dict):
             return lb.Format(fname, **kwargs), e.get("layout", "row_major")
         kw = {k: e[k] for k in ("block", "rounding", "scale_dtype", "nibble_order", "zero_scale")
