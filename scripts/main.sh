@@ -7,6 +7,10 @@
 #                                                # FORMAT: nvfp4 (default) mxfp4 mxfp8 mxfp8-e5m2
 #                                                #         fp8-group int4 uint4 nf4
 #
+# The outputs of a previous run are replaced (`lowbit quantize --force`). The `lowbit` command is
+# installed in the virtual environment, not on PATH: the script ends by saying how to run it
+# ($LOWBIT_VENV/bin/lowbit, or `source $LOWBIT_VENV/bin/activate` first).
+#
 # Works on a fresh Debian/Ubuntu machine with python3, pip, cmake, ninja and g++ (missing Debian
 # packages are installed with apt-get when possible); the Python packages come from PyPI. Where
 # nvidia-smi sees a GPU, CMake looks for nvcc and builds the CUDA kernels, torch is installed and
@@ -82,6 +86,11 @@ else
   build_lowbit OFF "$build"
 fi
 lowbit="$venv/bin/lowbit"
+how_to_run() {  # the command is in the virtual environment, not on PATH
+  echo
+  echo "== the lowbit command is not on PATH: run it as $lowbit (e.g. $lowbit info),"
+  echo "   or 'source $venv/bin/activate' first and type 'lowbit ...'"
+}
 
 # 4. The job. Run from outside the source tree so the installed package is the one imported.
 cd "$root"
@@ -95,7 +104,8 @@ if [ -n "$input" ]; then
   echo
   echo "== lowbit quantize $input -> $output ($format)"
   # shellcheck disable=SC2086
-  (cd out && "$lowbit" quantize "$input" "$output" --format "$format" $extra_args)
+  (cd out && "$lowbit" quantize "$input" "$output" --format "$format" --force $extra_args)
+  how_to_run
   exit 0
 fi
 
@@ -140,5 +150,6 @@ for fmt in nvfp4 mxfp4; do
   echo
   echo "== lowbit quantize out/demo.safetensors -> out/demo.$fmt.safetensors ($fmt)"
   # shellcheck disable=SC2086
-  (cd out && "$lowbit" quantize "$demo" "$root/out/demo.$fmt.safetensors" --format "$fmt" $extra_args)
+  (cd out && "$lowbit" quantize "$demo" "$root/out/demo.$fmt.safetensors" --format "$fmt" --force $extra_args)
 done
+how_to_run

@@ -209,9 +209,21 @@ class Backend:
             sig += float(np.sum(a * a))
             noise += float(np.sum(d * d))
             if d.size:
-                maxerr = max(maxerr, float(np.max(np.abs(d))))
-                maxabs = max(maxabs, float(np.max(np.abs(a))))
+                maxerr = nanmax(maxerr, float(np.max(np.abs(d))))
+                maxabs = nanmax(maxabs, float(np.max(np.abs(a))))
         return _sqnr(sig, noise), maxerr, maxabs, sig, noise
+
+    def nonfinite(self, x) -> Tuple[int, int]:
+        """(number of NaN, number of +-Inf) values of x."""
+        a = np.asarray(x)
+        nan = inf = 0
+        flat = a.reshape(-1)
+        step = 1 << 24
+        for i in range(0, flat.size, step):
+            c = flat[i:i + step]
+            nan += int(np.count_nonzero(np.isnan(c)))
+            inf += int(np.count_nonzero(np.isinf(c)))
+        return nan, inf
 
 
 class TorchCudaBackend(Backend):
@@ -270,6 +282,22 @@ class TorchCudaBackend(Backend):
         maxerr = float(d.abs().max()) if d.numel() else 0.0
         maxabs = float(a.abs().max()) if a.numel() else 0.0
         return _sqnr(sig, noise), maxerr, maxabs, sig, noise
+
+    def nonfinite(self, x) -> Tuple[int, int]:
+        torch = self.torch
+        return int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+
+
+def nanmax(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """max of two floats that is NaN when either is NaN (Python's max(0.0, nan) is 0.0); None is
+    ignored."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if math.isnan(a) or math.isnan(b):
+        return float("nan")
+    return a if a >= b else b
 
 
 def _sqnr(sig: float, noise: float) -> float:
@@ -383,13 +411,21 @@ def output_names(name: str, cfg: QuantConfig) -> Dict[str, Optional[str]]:
 
 
 def quantize_checkpoint(src: str, dst: str, cfg: QuantConfig, sel: Selection, device: str = "auto",
-                        progress: Optional[Callable[[int, int, int, int, str], None]] = None
+                        progress: Optional[Callable[[int, int, int, int, str], None]] = None,
+                        overwrite: bool = True,
+                        warn: Optional[Callable[[str], None]] = None
                         ) -> Tuple[List[TensorReport], Dict[str, Any]]:
     """Quantizes the eligible tensors of `src` into `dst`. Returns the per-tensor reports and a
-    summary. Nothing is written unless every tensor succeeded."""
+    summary. Nothing is written unless every tensor succeeded. overwrite=False refuses an existing
+    `dst`; warn(message) is called for every quantized tensor that holds NaN or Inf values (the
+    report's "nan" / "inf" counts say the same)."""
+    with st.SafetensorsFile(src) as f:
+        return _quantize_checkpoint(f, src, dst, cfg, sel, device, progress, overwrite, warn)
+
+
+def _quantize_checkpoint(f, src, dst, cfg, sel, device, progress, overwrite, warn):
     lb = _lowbit()
-    f = st.SafetensorsFile(src)
-    _check_output(src, dst)
+    _check_output(src, dst, overwrite)
     if METADATA_KEY in f.metadata:
         raise CheckpointError(f"{src}: already a lowbit-quantized checkpoint (metadata key {METADATA_KEY!r})")
     backend = make_backend(device)
@@ -428,7 +464,7 @@ def quantize_checkpoint(src: str, dst: str, cfg: QuantConfig, sel: Selection, de
     total = f.total_bytes()
     done = 0
     t_start = time.perf_counter()
-    with st.SafetensorsWriter(dst, specs, meta) as writer:
+    with st.SafetensorsWriter(dst, specs, meta, overwrite=overwrite) as writer:
         for i, (n, why) in enumerate(plan):
             info = f.info(n)
             if progress:
@@ -450,6 +486,9 @@ def quantize_checkpoint(src: str, dst: str, cfg: QuantConfig, sel: Selection, de
             except Exception as e:
                 raise CheckpointError(f"tensor {n!r} {list(info.shape)}: {e}") from e
             sqnr, maxerr, maxabs, sig, noise = backend.error_stats(x.float() if backend.name == "cuda" else x, xh)
+            n_nan, n_inf = backend.nonfinite(x)
+            if (n_nan or n_inf) and warn is not None:
+                warn(f"tensor {n!r} {list(info.shape)} holds {_nonfinite_words(n_nan, n_inf)}")
             names_out = output_names(n, cfg)
             fields = {"qdata": qt.data, "scale": qt.scales, "zero": qt.zeros, "global_amax": qt.global_amax}
             after = 0
@@ -466,7 +505,8 @@ def quantize_checkpoint(src: str, dst: str, cfg: QuantConfig, sel: Selection, de
                                         max_abs_err=maxerr, max_abs=maxabs,
                                         outputs=[o for o in names_out.values() if o],
                                         seconds=time.perf_counter() - t0,
-                                        extra={"signal_energy": sig, "noise_energy": noise}))
+                                        extra={"signal_energy": sig, "noise_energy": noise,
+                                               "nan": n_nan, "inf": n_inf}))
             done += info.nbytes
             del x, qt, xh, fields
         if progress:
@@ -478,6 +518,15 @@ def quantize_checkpoint(src: str, dst: str, cfg: QuantConfig, sel: Selection, de
                "file_bytes_in": os.path.getsize(src), "file_bytes_out": writer.size,
                "seconds": time.perf_counter() - t_start}
     return reports, summary
+
+
+def _nonfinite_words(n_nan: int, n_inf: int) -> str:
+    parts = []
+    if n_nan:
+        parts.append(f"{n_nan} NaN")
+    if n_inf:
+        parts.append(f"{n_inf} Inf")
+    return " and ".join(parts) + (" value" if n_nan + n_inf == 1 else " values")
 
 
 def _api_dtype(name: str) -> np.dtype:
@@ -538,14 +587,12 @@ def metadata_entry(fmt, layout: str, shape, dtype: str, names_out: Dict[str, Opt
     return e
 
 
-def _check_output(src: str, dst: str) -> None:
-    d = os.path.dirname(os.path.abspath(dst))
-    if not os.path.isdir(d):
-        raise CheckpointError(f"{dst}: output directory {d} does not exist")
-    if os.path.isdir(dst):
-        raise CheckpointError(f"{dst}: is a directory")
-    if os.path.exists(dst) and os.path.samefile(src, dst):
-        raise CheckpointError(f"{dst}: the output would overwrite the input")
+def _check_output(src: str, dst: str, overwrite: bool = True) -> None:
+    """Refuses an output that is the input, or that could not be replaced by a regular file (see
+    safetensors_io.check_output_path)."""
+    if st.same_file(src, dst):
+        raise CheckpointError(f"{dst}: the output is the input file {src}")
+    st.check_output_path(dst, "output", overwrite)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -557,31 +604,105 @@ def read_lowbit_metadata(f: st.SafetensorsFile) -> Dict[str, Any]:
     if raw is None:
         raise CheckpointError(f"{f.path}: not a lowbit-quantized checkpoint (no {METADATA_KEY!r} metadata)")
     try:
-        meta = json.loads(raw)
+        meta = json.loads(raw, object_pairs_hook=_unique_keys)
+        if not isinstance(meta, dict):
+            raise TypeError("not a JSON object")
         entries = meta["tensors"]
         if not isinstance(entries, dict):
             raise TypeError("tensors is not an object")
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{f.path}: malformed {METADATA_KEY!r} metadata ({e})") from None
-    if meta.get("version", 1) > METADATA_VERSION:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise CheckpointError(f"{f.path}: malformed {METADATA_KEY!r} metadata ({type(e).__name__}: {e})") from None
+    version = meta.get("version", 1)
+    if type(version) is not int:
+        raise CheckpointError(f"{f.path}: malformed {METADATA_KEY!r} metadata (version {version!r} is not an "
+                              f"integer)")
+    if version > METADATA_VERSION:
         raise CheckpointError(f"{f.path}: lowbit metadata version {meta.get('version')} is newer than "
                               f"this lowbit understands ({METADATA_VERSION})")
     return entries
 
 
-def format_from_entry(e: Dict[str, Any]):
+def _unique_keys(pairs):
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"key {k!r} appears twice")
+            seen.add(k)
+    return d
+
+
+_ENTRY_TENSORS = ("qdata", "scale", "zero", "global_amax")
+
+
+def check_entries(f: st.SafetensorsFile, entries: Dict[str, Any]) -> Dict[str, Tuple[str, str]]:
+    """Validates the "lowbit" metadata entries against the file; returns {tensor name: (entry,
+    role)} of the tensors the entries own. Every problem is a CheckpointError naming the entry:
+    a tensor owned twice (by two entries, or twice by one), a missing tensor, a format whose
+    global amax or zero points the entry does not give (or gives where the format has none), a
+    malformed shape."""
+    owned: Dict[str, Tuple[str, str]] = {}
+    for base, e in entries.items():
+        where = f"{f.path}: quantized tensor {base!r}"
+        if not isinstance(e, dict):
+            raise CheckpointError(f"{where}: metadata entry is not an object")
+        shape = e.get("shape")
+        if (not isinstance(shape, list) or len(shape) not in (2, 3)
+                or not all(type(d) is int and d >= 0 for d in shape)):
+            raise CheckpointError(f"{where}: shape {shape!r} is not a list of 2 or 3 non-negative integers")
+        if base in f:
+            raise CheckpointError(f"{where}: the name is both a tensor and a quantized entry")
+        fmt, _ = format_from_entry(e, base)
+        need = {"qdata": True, "scale": True, "zero": bool(fmt.has_zero_point),
+                "global_amax": bool(fmt.has_global_scale)}
+        for key in _ENTRY_TENSORS:
+            n = e.get(key)
+            if n is None:
+                if need[key]:
+                    why = {"qdata": "its codes", "scale": "its scales",
+                           "zero": f"the zero points {fmt.name} needs",
+                           "global_amax": f"the global amax {fmt.name} needs (without it the values would "
+                                          f"decode at the wrong scale)"}[key]
+                    raise CheckpointError(f"{where}: the metadata entry names no {key} tensor ({why})")
+                continue
+            if not isinstance(n, str):
+                raise CheckpointError(f"{where}: {key} must be a tensor name, not {n!r}")
+            if not need[key]:
+                raise CheckpointError(f"{where}: the metadata entry names a {key} tensor ({n!r}) but {fmt.name} "
+                                      f"has none")
+            if n not in f:
+                raise CheckpointError(f"{where}: the {key} tensor {n!r} is missing")
+            if n in owned:
+                other, role = owned[n]
+                raise CheckpointError(f"{where}: tensor {n!r} is its {key} and also the {role} of "
+                                      f"{'the same entry' if other == base else repr(other)}; each quantized "
+                                      f"tensor needs tensors of its own")
+            owned[n] = (base, key)
+        if e.get("global_amax") is not None:
+            info = f.info(e["global_amax"])
+            if info.dtype not in FLOAT_DTYPES or info.numel != 1:
+                raise CheckpointError(f"{where}: the global_amax tensor {e['global_amax']!r} is {info.dtype} "
+                                      f"{list(info.shape)}, expected one float value")
+    return owned
+
+
+def format_from_entry(e: Dict[str, Any], name: Optional[str] = None):
     """The lowbit.Format an entry of the "lowbit" metadata describes, and its layout."""
     lb = _lowbit()
-    name = e.get("format")
+    fname = e.get("format")
     kwargs = e.get("format_kwargs")
     try:
+        if not isinstance(fname, str):
+            raise TypeError("format must be a string")
         if isinstance(kwargs, dict):
-            return lb.Format(name, **kwargs), e.get("layout", "row_major")
+            return lb.Format(fname, **kwargs), e.get("layout", "row_major")
         kw = {k: e[k] for k in ("block", "rounding", "scale_dtype", "nibble_order", "zero_scale")
               if e.get(k) is not None}
-        return lb.Format(name, **kw), e.get("layout", "row_major")
+        return lb.Format(fname, **kw), e.get("layout", "row_major")
     except (ValueError, TypeError) as ex:
-        raise CheckpointError(f"metadata entry with format {name!r}: {ex}") from None
+        who = f"quantized tensor {name!r}: " if name is not None else ""
+        raise CheckpointError(f"{who}metadata entry with format {e.get('format')!r}: {ex}") from None
 
 
 def make_quantized(data, scales, zeros, global_amax, fmt, layout: str, shape):
@@ -592,7 +713,10 @@ def make_quantized(data, scales, zeros, global_amax, fmt, layout: str, shape):
 
 def dequantize_entry(f: st.SafetensorsFile, name: str, e: Dict[str, Any], out_dtype: str) -> np.ndarray:
     lb = _lowbit()
-    fmt, layout = format_from_entry(e)
+    fmt, layout = format_from_entry(e, name)
+    if fmt.has_global_scale and e.get("global_amax") is None:
+        raise CheckpointError(f"{f.path}: quantized tensor {name!r}: the metadata entry names no global_amax "
+                              f"tensor (the global amax {fmt.name} needs)")
 
     def opt(key):
         n = e.get(key)
@@ -624,24 +748,22 @@ _OUT_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "f16": "float16", "fl
 
 
 def dequantize_checkpoint(src: str, dst: str, dtype: str = "auto",
-                          progress: Optional[Callable[[int, int, int, int, str], None]] = None
+                          progress: Optional[Callable[[int, int, int, int, str], None]] = None,
+                          overwrite: bool = True, warn: Optional[Callable[[str], None]] = None
                           ) -> Tuple[List[TensorReport], Dict[str, Any]]:
-    f = st.SafetensorsFile(src)
-    _check_output(src, dst)
+    """Dequantizes every entry of the "lowbit" metadata of `src` into `dst` (copies the rest).
+    overwrite=False refuses an existing `dst`; warn(message) is called for every dequantized
+    tensor that holds NaN or Inf values."""
+    with st.SafetensorsFile(src) as f:
+        return _dequantize_checkpoint(f, src, dst, dtype, progress, overwrite, warn)
+
+
+def _dequantize_checkpoint(f, src, dst, dtype, progress, overwrite, warn):
+    _check_output(src, dst, overwrite)
     entries = read_lowbit_metadata(f)
     if dtype != "auto" and dtype not in _OUT_DTYPES:
         raise CheckpointError(f"--dtype {dtype}: choose from auto, bf16, f16, f32")
-    owned: Dict[str, str] = {}
-    for n, e in entries.items():
-        for key in ("qdata", "scale", "zero", "global_amax"):
-            if e.get(key):
-                owned[e[key]] = n
-    for base, e in entries.items():
-        for key in ("qdata", "scale"):
-            if not e.get(key) or e[key] not in f:
-                raise CheckpointError(f"{src}: the {key} tensor of {base!r} ({e.get(key)!r}) is missing")
-        if base in f:
-            raise CheckpointError(f"{src}: {base!r} is both a tensor and a quantized entry")
+    owned = {n: base for n, (base, _) in check_entries(f, entries).items()}
     # plan: (output name, source name or None for a dequantized entry, safetensors dtype, shape)
     plan: List[Tuple[str, Optional[str], str, Tuple[int, ...]]] = []
     for n in f.names():
@@ -661,7 +783,7 @@ def dequantize_checkpoint(src: str, dst: str, dtype: str = "auto",
     reports: List[TensorReport] = []
     total, done = f.total_bytes(), 0
     t_start = time.perf_counter()
-    with st.SafetensorsWriter(dst, [(n, dt, shp) for n, _, dt, shp in plan], meta) as writer:
+    with st.SafetensorsWriter(dst, [(n, dt, shp) for n, _, dt, shp in plan], meta, overwrite=overwrite) as writer:
         for i, (n, source, sdtype, shape) in enumerate(plan):
             if progress:
                 progress(i, len(plan), done, total, n)
@@ -681,11 +803,15 @@ def dequantize_checkpoint(src: str, dst: str, dtype: str = "auto",
             except Exception as ex:
                 raise CheckpointError(f"tensor {n!r}: {ex}") from ex
             writer.write(n, y)
+            n_nan, n_inf = Backend().nonfinite(y)
+            if (n_nan or n_inf) and warn is not None:
+                warn(f"tensor {n!r} {list(y.shape)} decodes to {_nonfinite_words(n_nan, n_inf)}")
             before = sum(f.info(e[k]).nbytes for k in ("qdata", "scale", "zero", "global_amax") if e.get(k))
             done += before
             reports.append(TensorReport(n, tuple(y.shape), sdtype, "dequantized", fmt=e["format"],
                                         bytes_before=before, bytes_after=y.nbytes, outputs=[n],
-                                        seconds=time.perf_counter() - t0))
+                                        seconds=time.perf_counter() - t0,
+                                        extra={"nan": n_nan, "inf": n_inf}))
         if progress:
             progress(len(plan), len(plan), total, total, "")
     summary = {"input": src, "output": dst, "tensors": len(reports),
@@ -762,13 +888,19 @@ def find_gpt_oss_pairs(f: st.SafetensorsFile) -> Tuple[Dict[str, Tuple[str, str]
 
 
 def convert_gpt_oss(src: str, dst: str, layout: str = "row_major", verify: bool = True,
-                    progress: Optional[Callable[[int, int, int, int, str], None]] = None
-                    ) -> Tuple[List[TensorReport], Dict[str, Any]]:
-    lb = _lowbit()
+                    progress: Optional[Callable[[int, int, int, int, str], None]] = None,
+                    overwrite: bool = True) -> Tuple[List[TensorReport], Dict[str, Any]]:
+    """Converts the gpt-oss MXFP4 experts of `src` into `dst`; overwrite=False refuses an
+    existing `dst`."""
     if layout not in LAYOUTS:
         raise CheckpointError(f"unknown scale layout {layout!r} (choose from {', '.join(LAYOUTS)})")
-    f = st.SafetensorsFile(src)
-    _check_output(src, dst)
+    with st.SafetensorsFile(src) as f:
+        return _convert_gpt_oss(f, src, dst, layout, verify, progress, overwrite)
+
+
+def _convert_gpt_oss(f, src, dst, layout, verify, progress, overwrite):
+    lb = _lowbit()
+    _check_output(src, dst, overwrite)
     pairs, bad = find_gpt_oss_pairs(f)
     if not pairs:
         why = "; ".join(f"{n}: {r}" for n, r in bad.items())
@@ -806,7 +938,7 @@ def convert_gpt_oss(src: str, dst: str, layout: str = "row_major", verify: bool 
     meta = dict(f.metadata)
     meta[METADATA_KEY] = json.dumps({"version": METADATA_VERSION, "producer": f"lowbit {lb.__version__}",
                                      "tensors": entries}, separators=(",", ":"))
-    with st.SafetensorsWriter(dst, specs, meta) as writer:
+    with st.SafetensorsWriter(dst, specs, meta, overwrite=overwrite) as writer:
         reports = _convert_gpt_oss_tensors(f, writer, pairs, by_name, scale_names, bad, layout, verify, progress)
     summary = {"input": src, "output": dst, "converted": len(entries), "layout": layout,
                "copied": sum(r.action == "copied" for r in reports),

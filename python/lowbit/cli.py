@@ -20,8 +20,13 @@ and records each one under the "lowbit" key of the safetensors __metadata__ (a J
 for `lowbit dequantize` or any loader to reverse it. Every other tensor is copied unchanged and
 the table says why. See lowbit/checkpoint.py for the full description.
 
-Errors print one line on stderr and exit with status 1 (2 for bad usage); the output file is
-written under a temporary name and only renamed into place once complete.
+Errors print one line on stderr and exit with status 1 (2 for bad usage). Files (docs/cli.md):
+the input must be a regular file; every output (OUT and --report) is checked before any work
+starts: its directory must exist, it must differ from the input and from the other output, and an
+existing one must be a regular file and is only replaced with --force (keeping its permission
+bits). Outputs are written under an exclusive temporary name beside them and renamed into place
+once complete; SIGINT, SIGTERM and SIGHUP remove the temporary files (exit status 128 + signal).
+SIGKILL cannot be caught: it can leave a hidden temporary file ".OUT.*.tmp" beside OUT.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 from typing import Any, Dict, List, Optional, Sequence
 
 EXIT_ERROR = 1
@@ -164,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _common_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE.json", help="also write the table as JSON to FILE.json")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT (and FILE.json) if it exists (a regular file only; its permission bits "
+                        "are kept)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
                    help="always show progress on stderr (default: on a terminal, or for inputs over 256 MiB)")
@@ -262,21 +272,36 @@ def _progress_for(args, input_path: str) -> Progress:
     return Progress(enabled)
 
 
-def _write_report(path: Optional[str], command: str, reports, summary) -> None:
+def _write_report(path: Optional[str], command: str, reports, summary, overwrite: bool = True) -> None:
     if not path:
         return
+    from .safetensors_io import write_text_atomic
+
     doc = {"command": command, "summary": summary, "tensors": [r.as_dict() for r in reports]}
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, json.dumps(doc, indent=1), what="--report file", overwrite=overwrite)
+
+
+def _warn(prog: str):
+    def warn(message: str) -> None:
+        sys.stderr.write(f"{prog}: warning: {message}\n")
+        sys.stderr.flush()
+    return warn
+
+
+def check_paths(args) -> None:
+    """Checks the input and every output path before any work starts (see docs/cli.md)."""
+    from .checkpoint import CheckpointError
+    from .safetensors_io import check_input_path, check_output_path, same_file
+
+    check_input_path(args.input, "input")
+    if same_file(args.input, args.output):
+        raise CheckpointError(f"{args.output}: the output is the input file {args.input}")
+    check_output_path(args.output, "output", overwrite=args.force)
+    if args.report:
+        for other, what in ((args.input, "input"), (args.output, "output")):
+            if same_file(args.report, other):
+                raise CheckpointError(f"--report {args.report}: the report would replace the {what} file {other}")
+        check_output_path(args.report, "--report file", overwrite=args.force)
 
 
 def _print_skipped(reports, out) -> None:
@@ -335,8 +360,9 @@ def cmd_quantize(args) -> int:
                       layout=args.scale_layout, nibble_order=args.nibble_order, scale_dtype=args.scale_dtype)
     sel = Selection(include=args.include, exclude=args.exclude, min_size=args.min_size)
     prog = _progress_for(args, args.input)
-    reports, summary = quantize_checkpoint(args.input, args.output, cfg, sel, device=args.device, progress=prog)
-    _write_report(args.report, "quantize", reports, summary)
+    reports, summary = quantize_checkpoint(args.input, args.output, cfg, sel, device=args.device, progress=prog,
+                                           overwrite=args.force, warn=_warn("lowbit quantize"))
+    _write_report(args.report, "quantize", reports, summary, overwrite=args.force)
     if args.quiet:
         return 0
     out = sys.stdout
@@ -351,7 +377,7 @@ def cmd_quantize(args) -> int:
         sig_noise = _total_sqnr(q)
         rows.append(["total quantized", f"{len(q)} tensors", "", "", human_bytes(qb), human_bytes(qa),
                      f"{qb / qa:.2f}x" if qa else "-", _fmt_float(sig_noise, ".2f"),
-                     _fmt_float(max((r.max_abs_err for r in q), default=0.0), ".3g")])
+                     _fmt_float(_max_err(q), ".3g")])
         print(render_table(["tensor", "shape", "dtype", "format", "before", "after", "ratio", "SQNR dB",
                             "max abs err"], rows, [False, True, False, False, True, True, True, True, True]),
               file=out)
@@ -361,6 +387,16 @@ def cmd_quantize(args) -> int:
     print(f"\nfile: {human_bytes(summary['file_bytes_in'])} -> {human_bytes(summary['file_bytes_out'])}; "
           f"{summary['quantized']} quantized, {summary['copied']} copied; {summary['seconds']:.1f} s", file=out)
     return 0
+
+
+def _max_err(q) -> Optional[float]:
+    """Largest max abs err of the tensors: nan when any is nan."""
+    from .checkpoint import nanmax
+
+    m: Optional[float] = None
+    for r in q:
+        m = nanmax(m, r.max_abs_err)
+    return m
 
 
 def _total_sqnr(q) -> Optional[float]:
@@ -376,8 +412,9 @@ def cmd_dequantize(args) -> int:
     from .checkpoint import dequantize_checkpoint
 
     prog = _progress_for(args, args.input)
-    reports, summary = dequantize_checkpoint(args.input, args.output, dtype=args.dtype, progress=prog)
-    _write_report(args.report, "dequantize", reports, summary)
+    reports, summary = dequantize_checkpoint(args.input, args.output, dtype=args.dtype, progress=prog,
+                                             overwrite=args.force, warn=_warn("lowbit dequantize"))
+    _write_report(args.report, "dequantize", reports, summary, overwrite=args.force)
     if args.quiet:
         return 0
     out = sys.stdout
@@ -398,8 +435,8 @@ def cmd_convert_gpt_oss(args) -> int:
 
     prog = _progress_for(args, args.input)
     reports, summary = convert_gpt_oss(args.input, args.output, layout=args.layout, verify=not args.no_verify,
-                                       progress=prog)
-    _write_report(args.report, "convert-gpt-oss", reports, summary)
+                                       progress=prog, overwrite=args.force)
+    _write_report(args.report, "convert-gpt-oss", reports, summary, overwrite=args.force)
     if args.quiet:
         return 0
     out = sys.stdout
@@ -416,6 +453,56 @@ def cmd_convert_gpt_oss(args) -> int:
           f"{summary['copied']} copied; file {human_bytes(summary['file_bytes_out'])}; "
           f"{summary['seconds']:.1f} s", file=out)
     return 0
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised by the SIGINT / SIGTERM / SIGHUP handlers of a command."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum, frame):
+    from .safetensors_io import remove_temporary_files
+
+    remove_temporary_files()  # first, in case the exception meets code that does not unwind
+    raise Interrupted(signum)
+
+
+_HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _install_handlers() -> dict:
+    """Routes SIGINT, SIGTERM and SIGHUP to _on_signal for the run of a command; returns the
+    previous handlers. A signal the caller ignores (SIG_IGN, e.g. SIGHUP under nohup) stays
+    ignored; nothing is installed outside the main thread, where Python cannot."""
+    old = {}
+    if threading.current_thread() is not threading.main_thread():
+        return old
+    for sig in _HANDLED_SIGNALS:
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            old[sig] = signal.signal(sig, _on_signal)
+        except (ValueError, OSError):
+            pass
+    return old
+
+
+def _restore_handlers(old: dict) -> None:
+    for sig, handler in old.items():
+        try:
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 _COMMANDS = {"info": cmd_info, "quantize": cmd_quantize, "dequantize": cmd_dequantize,
@@ -437,11 +524,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     prog = f"lowbit {args.command}"
+    old_handlers = _install_handlers()
     try:
+        return _run(prog, args)
+    finally:
+        _restore_handlers(old_handlers)
+
+
+def _run(prog: str, args) -> int:
+    try:
+        if args.command != "info":
+            check_paths(args)
         return _COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        sys.stderr.write(f"\n{prog}: interrupted; no output written\n")
-        return 130
+    except KeyboardInterrupt as e:
+        from .safetensors_io import remove_temporary_files
+
+        remove_temporary_files()
+        signum = e.signum if isinstance(e, Interrupted) else int(signal.SIGINT)
+        try:
+            sys.stderr.write(f"\n{prog}: interrupted by {_signal_name(signum)}; temporary files removed\n")
+        except (OSError, ValueError):
+            pass
+        return 128 + signum
     except BrokenPipeError:
         return EXIT_ERROR
     except FileNotFoundError as e:

@@ -287,6 +287,8 @@ def test_quantize_round_trip(tmp_path, capsys, ckpt, case):
     ref = np.asarray(lowbit.dequantize(_direct(tensors[name], api, kw, layout), out_dtype="bfloat16"))
     assert g.get(name).tobytes() == ref.tobytes()
     rc, _, err = run(capsys, "dequantize", out, back, "--dtype", "f32", "-q")
+    assert rc == 1 and "already exists" in _one_line_error(err)  # an existing output needs --force
+    rc, _, err = run(capsys, "dequantize", out, back, "--dtype", "f32", "-q", "--force")
     assert rc == 0 and st.SafetensorsFile(back).get(name).dtype == np.float32
 
 
@@ -330,7 +332,7 @@ def test_quantize_table_and_skips(tmp_path, capsys, ckpt):
     assert set(entries) == {"layers.0.attn.q_proj.weight", "layers.0.mlp.up_proj.weight"}
 
     rc, stdout, err = run(capsys, "quantize", src, out, "--format", "int4", "--device", "cpu",
-                          "--include", r"q_proj", "--min-size", "20000")
+                          "--include", r"q_proj", "--min-size", "20000", "--force")
     assert rc == 0, err
     assert "smaller than --min-size 20000" in stdout and "not matched by --include" in stdout
     assert json.loads(st.SafetensorsFile(out).metadata["lowbit"])["tensors"] == {}
@@ -344,7 +346,7 @@ def test_progress_lines(tmp_path, capsys, ckpt):
     assert rc == 0
     assert err.count("\n") == len(tensors) and "[1/" in err
     rc, stdout, err = run(capsys, "quantize", src, tmp_path / "q.safetensors", "-f", "nvfp4", "--device", "cpu",
-                          "-q")
+                          "-q", "--force")
     assert rc == 0 and stdout == "" and err == ""
 
 
