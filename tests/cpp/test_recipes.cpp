@@ -70,9 +70,10 @@ double value_of(Elem e, uint8_t c) {
   return 0;
 }
 
-/// S_enc of NVFP4 (TransformerEngine): fp32(2688 / amax), FLT_MAX cap, 1 for amax 0.
+/// S_enc of NVFP4 (TransformerEngine): fp32(2688 / amax), FLT_MAX cap, 1 for amax 0; 1 for an
+/// amax that is NaN, +-Inf or negative (lowbit's rule: no per-tensor scale).
 float ref_s_enc(float gamax) {
-  if (gamax == 0) return 1.0f;
+  if (gamax == 0 || !std::isfinite(gamax) || gamax < 0) return 1.0f;
   double s = double(f32(2688.0 / double(gamax)));
   if (std::isnan(s) || s > kFltMaxD) s = kFltMaxD;
   if (s == 0) return 1.0f;
@@ -160,15 +161,21 @@ Ref ref_quantize(const std::vector<float>& x, int64_t M, int64_t K, const BlockF
           break;
         }
         case ScaleRule::kMinMax: {
-          float s = f32(double(f32(mx - mn)) / 15.0);
+          // fp32 (max - min) / 15; where max - min overflows fp32: fp32(max / 15) - fp32(min / 15)
+          const float range = f32(mx - mn);
+          float s = std::isfinite(range) ? f32(double(range) / 15.0) : f32(double(f32(mx / 15.0)) - double(f32(mn / 15.0)));
           s = std::max(s, f.eps);
           double z = reftest::rne(double(f32(-mn / double(s))));
           z = z < 0 ? 0 : (z > 15 ? 15 : z);
           sc = fbits(s);
           zp = uint8_t(z);
+          // codes q with fp32((q - zp) * s) finite only
+          int n = 15;
+          while (n > 0 && !std::isfinite(f32(double(n) * double(s)))) --n;
+          const double qlo = std::max(0.0, z - n), qhi = std::min(15.0, z + n);
           for (int64_t k = 0; k < B; ++k) {
             double q = reftest::rne(double(f32(double(xb[k]) / double(s)))) + z;
-            cb[k] = uint8_t(q < 0 ? 0 : (q > 15 ? 15 : q));
+            cb[k] = uint8_t(q < qlo ? qlo : (q > qhi ? qhi : q));
             db[k] = f32((double(cb[k]) - z) * double(s));
           }
           continue;
@@ -176,7 +183,10 @@ Ref ref_quantize(const std::vector<float>& x, int64_t M, int64_t K, const BlockF
         case ScaleRule::kAbsmax: {
           sc = fbits(float(amax));
           const double inv = double(f32(1.0 / amax));  // bitsandbytes multiplies by 1/absmax
-          for (int64_t k = 0; k < B; ++k) cb[k] = reftest::nf4_code(f32(double(xb[k]) * inv));
+          // where fp32 1/absmax overflows (absmax < 2^-128), lowbit divides by absmax
+          const bool div = amax > 0 && std::isinf(inv);
+          for (int64_t k = 0; k < B; ++k)
+            cb[k] = reftest::nf4_code(div ? f32(double(xb[k]) / amax) : f32(double(xb[k]) * inv));
           scale = amax;
           break;
         }
