@@ -272,25 +272,24 @@ def test_nf4_kcache_channel_of_only_nonfinite_tokens():
 # ---------------------------------------------------------------------------------------------
 # the same inputs on the GPU, byte for byte against the CPU reference
 
-def _gpu_same(fn, *arrays):
+def _cuda(a):
     import torch
 
-    cpu = fn(*arrays)
-    gpu = fn(*[torch.from_numpy(np.ascontiguousarray(a).view(np.uint16)).view(torch.bfloat16).cuda()
-               if a.dtype == BF16 else torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in arrays])
-    return cpu, gpu
+    a = np.ascontiguousarray(a)
+    if a.dtype == BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
+    return torch.from_numpy(a).cuda()
 
 
-def _np(t):
+def _raw(a):
+    """Bytes of a NumPy array or a torch tensor (any device) as a NumPy uint8 array."""
     import torch
 
-    if isinstance(t, torch.Tensor):
-        t = t.cpu()
-        if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float16):
-            return t.view(torch.uint8).numpy() if t.element_size() == 1 else t.view(torch.int16).numpy()
-        return t.numpy()
-    a = np.asarray(t)
-    return a.view(np.uint8) if a.dtype.itemsize == 1 else (a.view(np.int16) if a.dtype.itemsize == 2 else a)
+    if a is None:
+        return None
+    if isinstance(a, torch.Tensor):
+        return a.detach().contiguous().cpu().view(torch.uint8).numpy()
+    return np.ascontiguousarray(a).view(np.uint8)
 
 
 @pytest.mark.gpu
@@ -300,26 +299,31 @@ def test_nan_policy_gpu(name, kw, dtype):
     f = lowbit.Format(name, **kw)
     rng = np.random.default_rng(7)
     x, _ = _specials(_data(rng, 6, 4 * f.block, 3.0), f.block)
-    x[5, :f.block] = np.where(np.arange(f.block) % 2 == 0, FLT_MAX, -FLT_MAX) if name == "uint4" else x[5, :f.block]
-    x[0, :f.block] = np.linspace(-2e38, 2e38, f.block)
-    qc, qg = _gpu_same(lambda a: _quantize(a, name, kw), x.astype(dtype))
+    x[0, :f.block] = np.linspace(-2e38, 2e38, f.block)  # UINT4: wider than FLT_MAX
+    x[5, :f.block] = np.where(np.arange(f.block) % 2 == 0, 3.3e38, -3.3e38)
+    x = x.astype(dtype)
+    qc, qg = _quantize(x, name, kw), _quantize(_cuda(x), name, kw)
     for field in ("data", "scales", "zeros", "global_amax"):
         a, b = getattr(qc, field), getattr(qg, field)
-        if a is None:
-            continue
-        np.testing.assert_array_equal(_np(a).view(np.uint8), _np(b).view(np.uint8), err_msg=field)
-    np.testing.assert_array_equal(_np(lowbit.dequantize(qc)).view(np.uint8), _np(lowbit.dequantize(qg)).view(np.uint8))
+        assert (a is None) == (b is None), field
+        if a is not None:
+            np.testing.assert_array_equal(_raw(a), _raw(b), err_msg=field)
+    for out in ("float32", "bfloat16"):
+        np.testing.assert_array_equal(_raw(lowbit.dequantize(qc, out)), _raw(lowbit.dequantize(qg, out)))
+    np.testing.assert_array_equal(_raw(lowbit.tensor_amax(x)), _raw(lowbit.tensor_amax(_cuda(x))))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("res", ["float8_e5m2", "float8_e4m3fn"])
-def test_nf4_kcache_nonfinite_gpu(res):
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_nf4_kcache_nonfinite_gpu(res, dtype):
     rng = np.random.default_rng(2)
     k = rng.standard_normal((2, 9, 3, 32)).astype(np.float32)
     k[0, 3, 1, 5], k[0, 4, 1, 5], k[1, 0, 2, 6], k[1, 2, 0, 7] = np.inf, np.nan, -np.inf, np.nan
-    k[1, :, 1, 9] = np.inf
-    (cc, sc, rc), (cg, sg, rg) = _gpu_same(lambda a: lowbit.nf4_kcache_quantize(a, res), k)
-    for a, b in ((cc, cg), (sc, sg), (rc, rg)):
-        np.testing.assert_array_equal(_np(a).view(np.uint8), _np(b).view(np.uint8))
-    np.testing.assert_array_equal(_np(lowbit.nf4_kcache_dequantize(cc, sc, rc)).view(np.uint8),
-                                  _np(lowbit.nf4_kcache_dequantize(cg, sg, rg)).view(np.uint8))
+    k[1, :, 1, 9] = np.inf  # a channel without a finite token: scale 0
+    k = k.astype(dtype)
+    cpu = lowbit.nf4_kcache_quantize(k, res)
+    gpu = lowbit.nf4_kcache_quantize(_cuda(k), res)
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_array_equal(_raw(a), _raw(b))
+    np.testing.assert_array_equal(_raw(lowbit.nf4_kcache_dequantize(*cpu)), _raw(lowbit.nf4_kcache_dequantize(*gpu)))
