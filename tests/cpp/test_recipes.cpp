@@ -872,3 +872,38 @@ TEST(Recipes, SqnrTable) {
     EXPECT_LT(db, 60.0) << r.name;  // not lossless: the round trip really went through the format
   }
 }
+
+// The UINT4 scale rule at the top of the fp32 range, on compute_block_scale directly: max - min
+// overflows -> max/15 - min/15; codes limited to those whose (q - zp) * s is finite.
+TEST(NanPolicy, Uint4ScaleAtTheTopOfFp32) {
+  const BlockFormat f = BlockFormat::int4_group(32, true);
+  const float fm = 3.40282346638528859812e+38f;
+  auto scale_of = [&](float mn, float mx) {
+    BlockStats st = block_stats_init(mn);
+    st.add(mx);
+    return compute_block_scale(f, st, QuantContext{});
+  };
+  {  // +-FLT_MAX: s = 2 FLT_MAX / 15, zp = rne(7.5) = 8, 8 s overflows: codes [1, 15]
+    const BlockScale b = scale_of(-fm, fm);
+    EXPECT_EQ(bitsf(b.code), fm / 15.0f - (-fm) / 15.0f);
+    EXPECT_EQ(b.zero, 8);
+    EXPECT_EQ(b.qlo, 1);
+    EXPECT_EQ(b.qhi, 15);
+    EXPECT_EQ(encode_element(f, b, -fm), 1);  // rne(-7.5) + 8 = 0 would decode to -8 s = -Inf
+    EXPECT_EQ(encode_element(f, b, fm), 15);
+    EXPECT_TRUE(std::isfinite(decode_element(f, 1, b.code, b.zero)));
+  }
+  {  // +-2e38: s = 4e38 / 15 would overflow in fp32 (4e38 > FLT_MAX); every code decodes finite
+    const BlockScale b = scale_of(-2e38f, 2e38f);
+    EXPECT_EQ(bitsf(b.code), 2e38f / 15.0f - (-2e38f) / 15.0f);
+    EXPECT_EQ(b.qlo, 0);
+    EXPECT_EQ(b.qhi, 15);
+    for (int c = 0; c < 16; ++c) EXPECT_TRUE(std::isfinite(decode_element(f, uint8_t(c), b.code, b.zero))) << c;
+  }
+  {  // below the top: FORMATS.md's (max - min) / 15, every code
+    const BlockScale b = scale_of(-1e38f, 2e38f);
+    EXPECT_EQ(bitsf(b.code), (2e38f - (-1e38f)) / 15.0f);
+    EXPECT_EQ(b.qlo, 0);
+    EXPECT_EQ(b.qhi, 15);
+  }
+}
