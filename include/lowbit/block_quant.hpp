@@ -5,8 +5,15 @@
 // scale code, zero point and the exact fp32 operation applied to each element), (3) encodes
 // every element with encode_element(). Dequantization is decode_element().
 //
-// Non-finite input: a block holding NaN or +-Inf gets a NaN scale (F32 NaN, UE8M0 0xFF,
-// E4M3 0x7F), zero point 0 and the codes of 0.0 (NF4: code 7), so it decodes to NaN.
+// NaN / Inf policy (docs/formats.md, "NaN, Inf and overflow"):
+//  * a block holding NaN or +-Inf gets a NaN scale (F32 NaN, UE8M0 0xFF, E4M3 0x7F), zero point 0
+//    and the codes of 0.0 (NF4: code 7), so it decodes to NaN; no other block depends on it;
+//  * per-tensor amaxes (NVFP4 global amax, NF4 K cache channel scales) are taken over the finite
+//    elements only (finite_abs_bits), so NaN / Inf elsewhere leave every finite block as it is;
+//  * a per-tensor NVFP4 amax that is not a positive finite number means no per-tensor scale
+//    (S_enc = S_dec = 1);
+//  * no recipe overflows to Inf from finite input: UINT4 takes max/15 - min/15 where
+//    max - min overflows, and keeps its codes where (q - zp) * s is finite.
 // All arithmetic is plain IEEE fp32 (no FMA contraction, no flush-to-zero): the CUDA build
 // compiles with -fmad=false.
 #pragma once
@@ -40,6 +47,13 @@ struct BlockStats {
   LOWBIT_HOST_DEVICE bool finite() const { return amax_bits < 0x7F800000u; }
 };
 
+/// The bits of |x| for finite x, 0 for NaN and +-Inf: max over a tensor of these is the finite
+/// amax that the per-tensor scales use (NVFP4 global amax, NF4 K cache channel scales).
+LOWBIT_HOST_DEVICE uint32_t finite_abs_bits(float x) {
+  const uint32_t a = float_bits(x) & 0x7FFFFFFFu;
+  return a < 0x7F800000u ? a : 0u;
+}
+
 /// kMinMax needs min/max initialised from the first element, not 0.
 LOWBIT_HOST_DEVICE BlockStats block_stats_init(float first) {
   BlockStats s;
@@ -53,7 +67,10 @@ LOWBIT_HOST_DEVICE BlockStats block_stats_init(float first) {
 // NVFP4 per-tensor scales (TransformerEngine compute_global_encode_scaling_factor_FP4)
 
 /// S_enc = 448 * 6 / global_amax, capped at FLT_MAX; 1.0 when amax is 0 or S_enc is 0.
+/// A global amax that is NaN, +-Inf or negative also gives 1.0 (no per-tensor scale), so a
+/// non-finite amax can never turn the finite blocks into zeros or near-zeros.
 LOWBIT_HOST_DEVICE float nvfp4_global_encode_scale(float global_amax) {
+  if (!(global_amax >= 0.0f && global_amax <= kFltMax)) return 1.0f;
   float s = (448.0f * 6.0f) / global_amax;
   s = s < kFltMax ? s : kFltMax;  // as fminf: Inf and NaN become FLT_MAX
   if (global_amax == 0.0f || s == 0.0f) return 1.0f;
@@ -73,6 +90,7 @@ struct BlockScale {
   bool divide = false; ///< element value is x / factor (group recipes) instead of x * factor
   bool nonfinite = false;
   float factor = 1.0f;
+  uint8_t qlo = 0, qhi = 15; ///< kMinMax: the codes used (those whose (q - zp) * s is finite)
 };
 
 /// Context shared by all blocks of one call: the NVFP4 per-tensor encode scale (1 if none).
@@ -104,7 +122,10 @@ LOWBIT_HOST_DEVICE BlockScale compute_block_scale(const BlockFormat& f, const Bl
       return b;
     }
     case ScaleRule::kMinMax: {
-      float s = (st.max - st.min) / 15.0f;
+      // (max - min) / 15; where max - min overflows fp32 (a finite block wider than FLT_MAX),
+      // max / 15 - min / 15, which cannot
+      const float range = st.max - st.min;
+      float s = is_finite_bits(float_bits(range)) ? range / 15.0f : st.max / 15.0f - st.min / 15.0f;
       s = s > f.eps ? s : f.eps;
       float z = round_half_even(-st.min / s);
       z = z < 0.0f ? 0.0f : (z > 15.0f ? 15.0f : z);
@@ -112,6 +133,13 @@ LOWBIT_HOST_DEVICE BlockScale compute_block_scale(const BlockFormat& f, const Bl
       b.zero = uint8_t(int(z));
       b.divide = true;
       b.factor = s;
+      // codes q with |q - zp| <= n, n the largest step count whose n * s is finite (15 unless
+      // s > FLT_MAX / 15): the dequantized value (q - zp) * s never overflows
+      int n = 15;
+      while (n > 0 && !(float(n) * s <= kFltMax)) --n;
+      const int zi = int(b.zero);
+      b.qlo = uint8_t(zi - n > 0 ? zi - n : 0);
+      b.qhi = uint8_t(zi + n < 15 ? zi + n : 15);
       return b;
     }
     case ScaleRule::kMxFloor: {
@@ -139,10 +167,25 @@ LOWBIT_HOST_DEVICE BlockScale compute_block_scale(const BlockFormat& f, const Bl
     case ScaleRule::kAbsmax: {
       b.code = float_bits(amax);
       b.factor = 1.0f / amax;
+      // 1 / amax overflows for amax < 2^-128: divide by amax instead (a zero block keeps
+      // bitsandbytes' 0 * (1/0))
+      if (!is_finite_bits(float_bits(b.factor)) && amax > 0.0f) {
+        b.divide = true;
+        b.factor = amax;
+      }
       return b;
     }
   }
   return b;
+}
+
+/// UINT4 code of a scaled value v (x / s) with zero point b.zero: rne(v) + zp clamped to
+/// [b.qlo, b.qhi]; NaN gives the zero point.
+LOWBIT_HOST_DEVICE uint8_t encode_uint4_zp(float v, const BlockScale& b) {
+  if (v != v) return b.zero;
+  const float r = round_half_even(v) + float(b.zero);
+  const float lo = float(b.qlo), hi = float(b.qhi);
+  return uint8_t(int(r < lo ? lo : (r > hi ? hi : r)));
 }
 
 /// Code (low bits) of one element x of a block with scale b.
@@ -154,11 +197,7 @@ LOWBIT_HOST_DEVICE uint8_t encode_element(const BlockFormat& f, const BlockScale
     case Elem::kE5M2: return encode_e5m2(v);
     case Elem::kE2M1: return encode_e2m1(v);
     case Elem::kInt4: return encode_int4(v);
-    case Elem::kUInt4: {
-      if (v != v) return b.zero;
-      const float r = round_half_even(v) + float(b.zero);
-      return uint8_t(int(r < 0.0f ? 0.0f : (r > 15.0f ? 15.0f : r)));
-    }
+    case Elem::kUInt4: return encode_uint4_zp(v, b);
     case Elem::kNF4: return encode_nf4(v);
   }
   return 0;
@@ -196,6 +235,15 @@ LOWBIT_HOST_DEVICE float decode_element(const BlockFormat& f, uint8_t c, uint32_
   if (f.elem == Elem::kUInt4) return (float(c & 0xF) - float(zero)) * s;
   const float v = decode_code(f.elem, c) * s;
   return f.rule == ScaleRule::kNvfp4 ? v * s_dec : v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// NF4 K cache: scale = finite amax of the channel over all tokens (finite_abs_bits), code =
+// nf4(x / scale), residual = fp8(x - nf4[code] * scale). The residual of a finite token
+// saturates (satfinite); that of a NaN / +-Inf token (itself NaN / +-Inf) is stored without
+// saturation, so the token decodes to NaN / +-Inf (E4M3 residual, which has no Inf: NaN).
+LOWBIT_HOST_DEVICE Saturate kcache_residual_saturate(float x) {
+  return is_finite_bits(float_bits(x)) ? Saturate::kFinite : Saturate::kNone;
 }
 
 /// Packs two 4-bit codes: element 2i (`even`) and 2i+1 (`odd`).

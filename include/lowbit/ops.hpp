@@ -40,7 +40,7 @@ struct Stream {
 struct QuantArgs {
   TensorView zeros;        ///< UINT4 zero points (required for int4 with zero point)
   TensorView global_amax;  ///< NVFP4: float32 [1]; absent = no per-tensor scale (S_enc = 1)
-  bool compute_global_amax = false;  ///< NVFP4 quantize: write amax(|x|) into global_amax first
+  bool compute_global_amax = false;  ///< NVFP4 quantize: write the finite amax(|x|) into global_amax first
   /// grouped layouts: int32/int64 [G+1] row boundaries (L must be 1). Host boundaries are
   /// validated (start at 0, non-decreasing, end at M); device-resident ones are trusted, since
   /// reading them would synchronize: wrong device boundaries can address outside `scales`.
@@ -78,7 +78,8 @@ void convert_scale_layout(const TensorView& in, const ScaleLayout& from, const T
                           const ScaleLayout& to, int64_t R, int64_t C, const TensorView& m_indptr = {},
                           Stream stream = {});
 
-/// amax(|x|) of a whole tensor into out (float32 [1]); NaN propagates.
+/// max |x| over the finite elements of a whole tensor into out (float32 [1]); NaN and +-Inf are
+/// ignored (0 when there is none): the NVFP4 global amax that quantize computes.
 void tensor_amax(const TensorView& x, const TensorView& out, Stream stream = {});
 
 // ---------------------------------------------------------------------------------------------

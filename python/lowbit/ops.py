@@ -322,7 +322,8 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
 
 
 def tensor_amax(x):
-    """``max(|x|)`` over a whole [M, K] or [L, M, K] array as float32 [1] (NaN propagates)."""
+    """``max(|x|)`` over the finite elements of a whole [M, K] or [L, M, K] array as float32 [1]
+    (NaN and +-Inf are ignored, 0 if there is none): the NVFP4 global amax."""
     op = "tensor_amax"
     x = as_array(x, op, "x")
     be = Backend(x)
@@ -339,9 +340,10 @@ def _nibbles(order: str, op: str):
 
 def nf4_kcache_quantize(k, residual_dtype="float8_e5m2", nibble_order: str = "low"):
     """NF4 K cache with an FP8 residual, for k [B, T, H, D] (float32 / float16 / bfloat16, D even):
-    scale[b, h, d] = max(|min_t k|, |max_t k|) over the T tokens; codes = nf4_encode(k / scale)
+    scale[b, h, d] = max |k| over the T tokens (finite ones only); codes = nf4_encode(k / scale)
     packed two per byte along D (a zero scale gives code 7 = 0.0); residual =
-    fp8_satfinite(k - nf4[code] * scale). Returns (codes uint8 [B, T, H, D/2], scale float32
+    fp8_satfinite(k - nf4[code] * scale) (NaN / +-Inf tokens: not saturated, so they decode to
+    NaN / +-Inf; +-Inf to NaN with float8_e4m3fn). Returns (codes uint8 [B, T, H, D/2], scale float32
     [B, H, D], residual [B, T, H, D] in ``residual_dtype`` (float8_e5m2 or float8_e4m3fn))."""
     op = "nf4_kcache_quantize"
     k = as_array(k, op, "k")

@@ -298,7 +298,7 @@ NB_MODULE(_C, m) {
         nb::gil_scoped_release release;
         lowbit::tensor_amax(xv, ov, make_stream(stream));
       },
-      "x"_a, "x_dtype"_a, "out"_a, "stream"_a = 0, "out[0] = max(|x|) (NaN propagates) (lowbit::tensor_amax).");
+      "x"_a, "x_dtype"_a, "out"_a, "stream"_a = 0, "out[0] = max(|x|) over the finite elements (NaN / Inf ignored) (lowbit::tensor_amax).");
 
   m.def(
       "nf4_kcache_quantize",

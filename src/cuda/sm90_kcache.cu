@@ -3,12 +3,14 @@
 // NOTES:
 //  * quantize needs amax over all T tokens of each (b, h, d) before any code can be written:
 //    kernel 1 zeroes the scales, kernel 2 splits T into chunks of 64 tokens and folds each
-//    chunk's amax(|k|) into the scale with atomicMax on the fp32 bits (the scale IS the amax,
+//    chunk's finite amax(|k|) into the scale with atomicMax on the fp32 bits (the scale IS the amax,
 //    bits included), kernel 3 writes codes and residuals, one thread per 16 channels when the
 //    channel dimension is contiguous (16-byte loads/stores), else per channel pair. k is read
 //    twice (the amax pass and the encode pass); all three run on one stream, no host sync.
 //  * dequantize: one thread per 16 channels of one (b, t, h): 8 B of codes + 16 B of residual
 //    in, 16 outputs out; the per-channel scales are L1/L2 hits (shared by all T tokens).
+//  * NaN / Inf: the scales are the finite amax (NaN / Inf tokens ignored), the residual of a
+//    NaN / Inf token is stored without saturation (kcache_residual_saturate), as the reference.
 //  * arithmetic as the reference: x / s (IEEE), x - nf4[q] * s (no FMA); NaN payloads of fp32 /
 //    bf16 outputs follow the reference's x86 rules (x86_mul / x86_add).
 #include "cuda/launch.hpp"
@@ -52,8 +54,8 @@ __global__ void __launch_bounds__(kThreads) kc_amax(const KCachePlan p, int64_t 
 #pragma unroll 8
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t o = base + t * p.k_s[1];
-      const uint32_t x0 = float_bits(load_float(p.k, T, o)) & 0x7FFFFFFFu;
-      const uint32_t x1 = float_bits(load_float(p.k, T, o + p.k_s[3])) & 0x7FFFFFFFu;
+      const uint32_t x0 = finite_abs_bits(load_float(p.k, T, o));  // NaN / Inf ignored
+      const uint32_t x1 = finite_abs_bits(load_float(p.k, T, o + p.k_s[3]));
       a0 = x0 > a0 ? x0 : a0;
       a1 = x1 > a1 ? x1 : a1;
     }
@@ -91,7 +93,8 @@ __global__ void __launch_bounds__(kThreads) kc_encode_generic(const KCachePlan p
       const float x = load_float(p.k, p.k_dtype, b * p.k_s[0] + t * p.k_s[1] + h * p.k_s[2] + d * p.k_s[3]);
       code[j] = kc_code(x, s, thr);
       const float res = x - cb[code[j]] * s;
-      store_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3], res);
+      store_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3], res,
+                  kcache_residual_saturate(x));
     }
     p.codes[b * p.c_s[0] + t * p.c_s[1] + h * p.c_s[2] + dp * p.c_s[3]] =
         pack_nibbles(p.order, uint8_t(code[0]), uint8_t(code[1]));
@@ -134,11 +137,13 @@ __global__ void __launch_bounds__(kThreads) kc_encode_vec(const KCachePlan p, Fa
     }
     uint32_t code[16];
     float res[16];
+    bool nonfinite = false;
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
       const float x = ch.get(e);
       code[e] = kc_code(x, s[e], thr);
       res[e] = x - cb[code[e]] * s[e];
+      nonfinite |= !is_finite_bits(dev::fbits(x));
     }
     uint2 cw = make_uint2(0, 0);
 #pragma unroll
@@ -152,6 +157,15 @@ __global__ void __launch_bounds__(kThreads) kc_encode_vec(const KCachePlan p, Fa
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       rw[q] = e5 ? dev::enc_fp8x4<true>(res + 4 * q, Saturate::kFinite) : dev::enc_fp8x4<false>(res + 4 * q, Saturate::kFinite);
+    if (nonfinite) {  // NaN / Inf tokens: residual without saturation (kcache_residual_saturate)
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        const float x = ch.get(e);
+        if (is_finite_bits(dev::fbits(x))) continue;
+        const uint32_t c = e5 ? encode_e5m2(res[e], Saturate::kNone) : encode_e4m3(res[e], Saturate::kNone);
+        rw[e >> 2] = (rw[e >> 2] & ~(0xFFu << (8 * (e & 3)))) | (c << (8 * (e & 3)));
+      }
+    }
     dev::st_stream(p.residual + int64_t(b) * p.r_s[0] + int64_t(t) * p.r_s[1] + int64_t(h) * p.r_s[2] + int64_t(dc) * 16,
                    make_uint4(rw[0], rw[1], rw[2], rw[3]));
   }

@@ -126,7 +126,7 @@ __device__ __forceinline__ void setup_tables(float* nf4t) {
 
 /// Codes of 16 scaled values v[] (already x*factor or x/factor).
 template <Elem E>
-__device__ __forceinline__ void encode16(const float* v, const float* nf4t, uint8_t zero, bool checked,
+__device__ __forceinline__ void encode16(const float* v, const float* nf4t, const BlockScale& b, bool checked,
                                          uint32_t* out /* 4 words (8-bit) or 2 words (4-bit) */) {
   if (E == Elem::kE4M3 || E == Elem::kE5M2) {
     constexpr bool k5 = E == Elem::kE5M2;
@@ -140,14 +140,7 @@ __device__ __forceinline__ void encode16(const float* v, const float* nf4t, uint
       if (E == Elem::kE2M1) c[i] = dev::enc_e2m1(v[i]);
       else if (E == Elem::kNF4) c[i] = dev::enc_nf4(v[i], nf4t);
       else if (E == Elem::kInt4) c[i] = dev::enc_int4(v[i]);
-      else {  // UINT4
-        if (v[i] != v[i]) {
-          c[i] = zero;
-        } else {
-          const float r = rintf(v[i]) + float(zero);
-          c[i] = uint32_t(int(r < 0.0f ? 0.0f : (r > 15.0f ? 15.0f : r)));
-        }
-      }
+      else c[i] = encode_uint4_zp(v[i], b);  // UINT4
     }
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
@@ -311,7 +304,7 @@ struct VecQuant {
         float v[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[i] = ch.get(i) * mul;
-        encode16<E>(v, nf4t, 0, false, out);
+        encode16<E>(v, nf4t, b, false, out);
       }
     } else if (M == QMode::kDiv) {
       if (kMinMax) {
@@ -339,19 +332,20 @@ struct VecQuant {
             out[w] = (acc - dev::kInt4Bias * 0x11111111u) ^ 0x88888888u;
           }
         } else if (E == Elem::kUInt4) {
-          // clamp(rint(q) + zp, 0, 15): bits(q + 1.5 * 2^23) = kInt4Bias + rint(q) (monotone;
-          // negative sums are negative ints), clamped to [bias - zp, bias + 15 - zp]
-          const int lo = int(dev::kInt4Bias) - int(b.zero), hi = lo + 15;
+          // clamp(rint(q) + zp, qlo, qhi): bits(q + 1.5 * 2^23) = kInt4Bias + rint(q) (monotone;
+          // negative sums are negative ints), clamped to [bias - zp + qlo, bias - zp + qhi]
+          const int base = int(dev::kInt4Bias) - int(b.zero);
+          const int lo = base + int(b.qlo), hi = base + int(b.qhi);
 #pragma unroll
           for (int w = 0; w < 2; ++w) {
             uint32_t acc = 0;
 #pragma unroll
             for (int i = 7; i >= 0; --i)
               acc = acc * 16u + uint32_t(min(max(int(dev::fbits(q[8 * w + i] + 12582912.0f)), lo), hi));
-            out[w] = acc - uint32_t(lo) * 0x11111111u;
+            out[w] = acc - uint32_t(base) * 0x11111111u;
           }
         } else {
-          encode16<E>(q, nf4t, 0, false, out);
+          encode16<E>(q, nf4t, b, false, out);
         }
       }
     } else {  // kMul
@@ -373,6 +367,10 @@ struct VecQuant {
         }
       } else {  // NF4: f = 1 / amax; an infinite f (amax < 2^-128) takes the reference path
         fast = dev::fbits(f) < 0x7F800000u;
+        if (!fast && st.amax_bits != 0) {  // = compute_block_scale: divide by amax
+          b.divide = true;
+          b.factor = dev::bitsf(st.amax_bits);
+        }
         if (fast) {
 #pragma unroll
           for (int w = 0; w < 2; ++w) {
@@ -388,7 +386,7 @@ struct VecQuant {
       float v[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) v[i] = b.divide ? ch.get(i) / b.factor : ch.get(i) * b.factor;
-      encode16<E>(v, nf4t, b.zero, true, out);
+      encode16<E>(v, nf4t, b, true, out);
     }
     uint8_t* qp = p.q + int64_t(l) * p.q_sL + int64_t(m) * p.q_sM;
     if (kPacked) {
@@ -503,7 +501,8 @@ __global__ void __launch_bounds__(kThreads) quantize_generic_kernel(const QArgs 
 }
 
 // ---------------------------------------------------------------------------------------------
-// amax(|x|) into *out as max of bits (NaN propagates); *out must be zeroed first.
+// amax(|x|) over the finite elements into *out as max of bits (NaN and +-Inf ignored, as
+// ref::amax_bits); *out must be zeroed first.
 
 template <DType T, bool kVec>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t L, int64_t M, int64_t K, int64_t sL,
@@ -521,7 +520,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t L
       ch.load(static_cast<const char*>(x) + (l * sL + m * sM + j * 16) * kEsz);
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const uint32_t b = dev::fbits(ch.get(i)) & 0x7FFFFFFFu;
+        const uint32_t b = finite_abs_bits(ch.get(i));
         am = b > am ? b : am;
       }
     }
@@ -530,7 +529,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t L
     for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < total; u += stride) {
       const int64_t row = u / K, k = u - row * K;
       const int64_t l = row / M, m = row - l * M;
-      const uint32_t b = float_bits(load_float(x, T, l * sL + m * sM + k)) & 0x7FFFFFFFu;
+      const uint32_t b = finite_abs_bits(load_float(x, T, l * sL + m * sM + k));
       am = b > am ? b : am;
     }
   }

@@ -12,7 +12,8 @@ void dequantize(const detail::DequantPlan& p);
 void transcode(const detail::TranscodePlan& p);
 void cast(const detail::CastPlan& p);
 void convert_layout(const detail::LayoutPlan& p);
-/// amax_bits of |x| over a [L, M, K] strided tensor (see BlockStats).
+/// Bits of max |x| over the finite elements of a [L, M, K] strided tensor (NaN and +-Inf are
+/// ignored; 0 when there is none): the NVFP4 global amax and tensor_amax.
 uint32_t amax_bits(const void* x, DType t, int64_t L, int64_t M, int64_t K, int64_t sL, int64_t sM);
 void kcache_quantize(const detail::KCachePlan& p);
 void kcache_dequantize(const detail::KCachePlan& p);

@@ -12,7 +12,7 @@ uint32_t amax_bits(const void* x, DType t, int64_t L, int64_t M, int64_t K, int6
   for (int64_t l = 0; l < L; ++l)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t k = 0; k < K; ++k) {
-        const uint32_t b = float_bits(load_float(x, t, l * sL + m * sM + k)) & 0x7FFFFFFFu;
+        const uint32_t b = finite_abs_bits(load_float(x, t, l * sL + m * sM + k));  // NaN / Inf ignored
         a = b > a ? b : a;
       }
   return a;

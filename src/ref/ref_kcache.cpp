@@ -13,7 +13,7 @@ void kcache_quantize(const KCachePlan& p) {
       for (int64_t t = 0; t < p.T; ++t)
         for (int j = 0; j < 2; ++j) {
           const int64_t ko = b * p.k_s[0] + t * p.k_s[1] + h * p.k_s[2] + (d + j) * p.k_s[3];
-          const uint32_t a = float_bits(load_float(p.k, p.k_dtype, ko)) & 0x7FFFFFFFu;
+          const uint32_t a = finite_abs_bits(load_float(p.k, p.k_dtype, ko));  // NaN / Inf ignored
           amax[j] = a > amax[j] ? a : amax[j];
         }
       float s[2];
@@ -28,7 +28,8 @@ void kcache_quantize(const KCachePlan& p) {
           const float x = load_float(p.k, p.k_dtype, ko);
           code[j] = s[j] == 0.0f ? uint8_t(7) : encode_nf4(x / s[j]);
           const float r = x - nf4_value(code[j]) * s[j];
-          store_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + (d + j) * p.r_s[3], r);
+          store_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + (d + j) * p.r_s[3], r,
+                      kcache_residual_saturate(x));
         }
         p.codes[b * p.c_s[0] + t * p.c_s[1] + h * p.c_s[2] + (d / 2) * p.c_s[3]] =
             pack_nibbles(p.order, code[0], code[1]);

@@ -120,7 +120,7 @@ std::vector<float> make_values(int64_t rows, int64_t K, int block) {
   const float ties[] = {1.0625f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 464.0f, 61440.0f, 0.5f, 6.0f, 7.0f,
                         448.0f, 1.5f, 0.125f, 3.0f, 240.0f, 57344.0f, 0.0f};
   for (int64_t r = 0; r < rows; ++r) {
-    const int kind = int(r % 9);
+    const int kind = int(r % 10);
     const int e = int(ui(rng()) % 41) - 20;
     for (int64_t k = 0; k < K; ++k) {
       float x = nd(rng()) * std::ldexp(1.0f, e);
@@ -146,6 +146,11 @@ std::vector<float> make_values(int64_t rows, int64_t K, int block) {
           break;
         case 8:  // one big outlier per block (FLOOR clipping, large dynamic range)
           if (k % block == 1) x *= 1e6f;
+          break;
+        case 9:  // finite blocks wider than FLT_MAX (UINT4: max - min overflows), up to +-FLT_MAX
+          x = float(std::ldexp(double(ui(rng()) % 1024 + 1) / 1024.0 * ((k & 1) ? -1.0 : 1.0), 128) *
+                    (1.0 - std::ldexp(1.0, -24)));
+          if (k % block == 2) x = (blk & 1) ? 2e38f : -2e38f;
           break;
         default: break;
       }
@@ -564,6 +569,10 @@ TEST(GpuConversions, NF4KCache) {
           else kst = {T * H * D, H * D, D, 1};
           std::vector<float> v = make_values(B * T * H, D, 16);
           for (int64_t d = 0; d < D; ++d) v[size_t(5 * D + d)] = d == 3 ? NAN : v[size_t(5 * D + d)];
+          // +-Inf tokens in channels with finite tokens, and a channel (b=0, h=1, d=11) without any
+          v[size_t((7 * H) * D + 9)] = INFINITY;
+          v[size_t((8 * H) * D + 10)] = -INFINITY;
+          for (int64_t t = 0; t < T; ++t) v[size_t((t * H + 1) * D + 11)] = t % 3 ? (t % 2 ? NAN : -INFINITY) : INFINITY;
           // channel 7 of (b=0, h=0) all zero over T
           for (int64_t t = 0; t < T; ++t) v[size_t((t * H) * D + 7)] = 0.0f;
           Buf k(v.size() * size_t(dtype_bytes(kt)));
@@ -604,6 +613,97 @@ TEST(GpuConversions, NF4KCache) {
           }
         }
   std::printf("  kcache sub-cases: %d, differing bytes: %zu\n", cases, bad);
+  EXPECT_EQ(0u, bad);
+}
+
+// NaN / Inf policy (docs/formats.md): the inputs of the CPU tests NanPolicy.* (NaN / +-Inf blocks
+// next to finite ones, NVFP4 with a computed global amax, UINT4 blocks wider than FLT_MAX,
+// blocks at +-FLT_MAX), GPU against CPU byte for byte: q, scales, zero points, global amax and
+// the dequantized fp32 / bf16 values; tensor_amax too.
+TEST(GpuConversions, NanPolicyAllFormats) {
+  SKIP_WITHOUT_GPU();
+  size_t bad = 0;
+  int cases = 0;
+  const float fm = 3.40282346638528859812e+38f;
+  for (const Fmt& fm_ : formats())
+    for (DType xt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      const BlockFormat& f = fm_.f;
+      SCOPED_TRACE(std::string(fm_.name) + " " + dtype_name(xt));
+      const int64_t B = f.block, M = 8, K = 4 * B, C = 4;
+      std::vector<float> v(size_t(M * K));
+      std::mt19937 g(7);
+      std::normal_distribution<float> nd(0.0f, 3.0f);
+      for (auto& e : v) e = nd(g);
+      v[size_t(1 * K + 3)] = NAN;
+      v[size_t(2 * K + B + 5)] = INFINITY;
+      v[size_t(3 * K + 2 * B)] = -INFINITY;
+      v[size_t(4 * K + 1)] = -NAN;
+      v[size_t(4 * K + 2)] = INFINITY;
+      for (int64_t k = 0; k < B; ++k) {
+        v[size_t(5 * K + k)] = float(-2e38 + 4e38 * double(k) / double(B - 1));  // spans +-2e38 (UINT4 regression)
+        v[size_t(5 * K + B + k)] = (k & 1) ? -fm : fm;
+        v[size_t(6 * K + k)] = fm * (1.0f - float(k) / float(2 * B));
+        v[size_t(6 * K + B + k)] = -3.3e38f + 1e37f * float(k % 7);
+      }
+      for (int64_t k = 0; k < K; ++k) v[size_t(7 * K + k)] = (k % B == 0) ? 1e-40f : 0.0f;  // NF4: 1/absmax overflows
+      Buf x(v.size() * size_t(dtype_bytes(xt)));
+      store_as(xt, v, x.h.data());
+      x.upload();
+      const int64_t Kq = f.packed() ? K / 2 : K;
+      const DType qt = f.elem == Elem::kE4M3 ? DType::kE4M3 : (f.elem == Elem::kE5M2 ? DType::kE5M2 : DType::kUInt8);
+      const DType st = f.scale_type == ScaleType::kF32 ? DType::kFloat32
+                                                       : (f.scale_type == ScaleType::kUE8M0 ? DType::kUE8M0 : DType::kE4M3);
+      Buf q{size_t(M * Kq)}, sc{size_t(M * C * f.scale_bytes())}, zp{size_t(M * C)}, ga{4};
+      q.poison();
+      sc.poison();
+      zp.poison();
+      ga.poison();
+      const bool nv = f.rule == ScaleRule::kNvfp4;
+      auto args = [&](bool gpu, bool compute) {
+        QuantArgs a;
+        if (f.has_zero_point()) a.zeros = dense(gpu ? zp.d : zp.h.data(), DType::kUInt8, {M, C}, gpu);
+        if (nv) {
+          a.global_amax = dense(gpu ? ga.d : ga.h.data(), DType::kFloat32, {1}, gpu);
+          a.compute_global_amax = compute;
+        }
+        return a;
+      };
+      for (bool gpu : {false, true})
+        quantize(dense(gpu ? x.d : x.h.data(), xt, {M, K}, gpu), f, ScaleLayout::row_major(),
+                 dense(gpu ? q.d : q.h.data(), qt, {M, Kq}, gpu), dense(gpu ? sc.d : sc.h.data(), st, {M, C}, gpu),
+                 args(gpu, true));
+      ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+      bad += compare(q.h, q.download(), "q") + compare(sc.h, sc.download(), "scales");
+      if (f.has_zero_point()) bad += compare(zp.h, zp.download(), "zeros");
+      if (nv) {
+        bad += compare(ga.h, ga.download(), "global_amax");
+        float gam;
+        std::memcpy(&gam, ga.h.data(), 4);
+        EXPECT_TRUE(std::isfinite(gam));
+      }
+      ++cases;
+      q.upload();
+      sc.upload();
+      zp.upload();
+      ga.upload();
+      for (DType ot : {DType::kFloat32, DType::kBFloat16}) {
+        Buf out{size_t(M * K * dtype_bytes(ot))};
+        out.poison();
+        for (bool gpu : {false, true})
+          dequantize(dense(gpu ? q.d : q.h.data(), qt, {M, Kq}, gpu), dense(gpu ? sc.d : sc.h.data(), st, {M, C}, gpu), f,
+                     ScaleLayout::row_major(), dense(gpu ? out.d : out.h.data(), ot, {M, K}, gpu), args(gpu, false));
+        ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+        bad += compare(out.h, out.download(), std::string("dequantize to ") + dtype_name(ot));
+        ++cases;
+      }
+      Buf am{4};
+      am.poison();
+      for (bool gpu : {false, true})
+        tensor_amax(dense(gpu ? x.d : x.h.data(), xt, {M, K}, gpu), dense(gpu ? am.d : am.h.data(), DType::kFloat32, {1}, gpu));
+      ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+      bad += compare(am.h, am.download(), "tensor_amax");
+    }
+  std::printf("  NaN/Inf policy sub-cases: %d, differing bytes: %zu\n", cases, bad);
   EXPECT_EQ(0u, bad);
 }
 
