@@ -103,6 +103,7 @@ struct GroupArgs {
   const uint16_t* act = nullptr;      ///< [M][Kp] bf16 in act_pos order
   const uint8_t* tok_flag = nullptr;  ///< [M][Kp/64]: 1 = a block the bf16 pre-pass could not hold exactly
   const float* tok_scale = nullptr;   ///< [M]: 2^(kWShift - ka) of each row (MXFP8 A; null: 2^kWShift)
+  int strip = 1;                      ///< pre-pass: 64-wide K blocks per warp item
   // Exact fallback sources: the original A (MXFP8 codes + scales or bf16); null: read `act`.
   const void* a = nullptr;
   DType a_dtype = DType::kBFloat16;
@@ -135,9 +136,6 @@ struct GroupArgs {
     const int64_t r = spa.stored_row(m);
     return r < 0 ? 0 : (r >= spa.rows_pad ? spa.rows_pad - 1 : r);
   }
-  __device__ int64_t a_scale_offset(int64_t m, int64_t c) const {
-    return scale_offset(spa.layout, spa.rows_pad, spa.cols, a_scale_row(m), c);
-  }
   /// Stored weight row of kernel row R (kEpiSwiglu: rows R, R+8 of each 16 are gate/up of one feature).
   __host__ __device__ int64_t wrow(int64_t R) const {
     if (mode != kEpiSwiglu) return R;
@@ -160,56 +158,70 @@ __device__ __forceinline__ uint32_t act_pair_bf16(float v0, float v1) {
   return uint32_t(encode_bf16(v0)) | (uint32_t(encode_bf16(v1)) << 16);
 }
 
-/// One warp per (row, 64-wide K block); lane l handles K elements 2l, 2l+1 of the block.
+/// The row's shift into bf16's range (see the file comment): 2^ka, ka = max(0, lo - the row's
+/// smallest scale byte). Warp-wide; the loads are issued together (one round trip for K <= 8192).
+__device__ __forceinline__ float act_row_shift(const GroupArgs& A, int64_t srow, int lo, int lane) {
+  const int64_t kb = A.K / 32;
+  uint32_t mn = 255u;
+  for (int64_t c0 = 0; c0 < kb; c0 += 8 * 32) {
+    uint32_t v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t c = c0 + 32 * i + lane;
+      v[i] = c < kb ? A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, c)] : 255u;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) mn = v[i] < mn ? v[i] : mn;
+  }
+  mn = __reduce_min_sync(0xFFFFFFFFu, mn);
+  return float(1 << (int(mn) < lo ? lo - int(mn) : 0));
+}
+
+/// One warp per (row, strip of A.strip 64-wide K blocks); lane l handles K elements 2l, 2l+1 of
+/// each block. MXFP8 rows are multiplied by their shift (exact); tok_scale gets 2^kWShift / shift.
 __global__ void act_prepass_kernel(GroupArgs A) {
   griddep_launch_dependents();  // the GEMM may start fetching weights meanwhile
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
-  const int64_t kblocks = A.Kp / 64;
+  const int64_t kblocks = A.Kp / 64, strips = (kblocks + A.strip - 1) / A.strip;
   const int lo = A.a_dtype == DType::kE4M3 ? 3 : 10;  // bf16 holds e4m3 / e5m2 * 2^(s-127) exactly for s >= lo
+  const bool e4 = A.a_dtype == DType::kE4M3;
   auto bf16_inexact = [](float v) { return v == v && decode_bf16(encode_bf16(v)) != v; };
-  for (int64_t item = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5); item < A.M * kblocks; item += warps) {
-    const int64_t m = item / kblocks, k0 = (item % kblocks) * 64, k = k0 + 2 * lane;
-    float v0 = 0.0f, v1 = 0.0f;
-    bool inexact = false;
+  for (int64_t item = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5); item < A.M * strips; item += warps) {
+    const int64_t m = item / strips, b0 = (item % strips) * A.strip;
+    const int64_t b1 = b0 + A.strip < kblocks ? b0 + A.strip : kblocks;
     int64_t srow = 0;
-    float up = 1.0f;  // 2^ka: the row's shift into bf16's range
+    float up = 1.0f;
     if (A.a_scale) {
-      // NOTE: the row's smallest scale byte sets its shift ka = max(0, lo - min s): every element
-      // times 2^ka is then a multiple of 2^-133 (bf16-exact) unless the row also holds values
-      // within 2^ka of bf16's top; the epilogue multiplies the row's sums by 2^-ka (exact).
       srow = A.a_scale_row(m);
-      uint32_t mn = 255u;
-      for (int64_t c = lane; c < A.K / 32; c += 32) {
-        const uint32_t v = A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, c)];
-        mn = v < mn ? v : mn;
-      }
-      mn = __reduce_min_sync(0xFFFFFFFFu, mn);
-      const int ka = int(mn) < lo ? lo - int(mn) : 0;
-      up = float(1 << ka);
-      if (A.tok_scale && k0 == 0 && lane == 0) const_cast<float*>(A.tok_scale)[m] = kWUnshift / up;
+      up = act_row_shift(A, srow, lo, lane);
+      if (A.tok_scale && b0 == 0 && lane == 0) const_cast<float*>(A.tok_scale)[m] = kWUnshift / up;
     }
-    if (k < A.K) {
-      if (A.a_scale) {
-        const uint8_t* src = static_cast<const uint8_t*>(A.a) + m * A.a_sM + k;
-        const uint8_t s = A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, k >> 5)];
-        const float sc = decode_ue8m0(s) * up;  // exact
-        const bool e4 = A.a_dtype == DType::kE4M3;
-        v0 = (e4 ? decode_e4m3(src[0]) : decode_e5m2(src[0])) * sc;
-        v1 = (e4 ? decode_e4m3(src[1]) : decode_e5m2(src[1])) * sc;
-        // NOTE: exact in fp32; NaN stays NaN. bf16 misses it only in a row spanning more than
-        // bf16's range (a scale byte below lo and one near the top in the same row).
-        inexact = bf16_inexact(v0) || bf16_inexact(v1);
-      } else {
-        const uint16_t* src = static_cast<const uint16_t*>(A.a) + m * A.a_sM + k;
-        v0 = decode_bf16(src[0]);
-        v1 = decode_bf16(src[1]);
+    for (int64_t kb = b0; kb < b1; ++kb) {
+      const int64_t k = kb * 64 + 2 * lane;
+      float v0 = 0.0f, v1 = 0.0f;
+      bool inexact = false;
+      if (k < A.K) {
+        if (A.a_scale) {
+          const uint8_t* src = static_cast<const uint8_t*>(A.a) + m * A.a_sM + k;
+          const uint8_t s = A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, k >> 5)];
+          const float sc = decode_ue8m0(s) * up;  // exact
+          v0 = (e4 ? decode_e4m3(src[0]) : decode_e5m2(src[0])) * sc;
+          v1 = (e4 ? decode_e4m3(src[1]) : decode_e5m2(src[1])) * sc;
+          // NOTE: exact in fp32; NaN stays NaN. bf16 misses it only in a row spanning more than
+          // bf16's range (a scale byte below lo and one near the top in the same row).
+          inexact = bf16_inexact(v0) || bf16_inexact(v1);
+        } else {
+          const uint16_t* src = static_cast<const uint16_t*>(A.a) + m * A.a_sM + k;
+          v0 = decode_bf16(src[0]);
+          v1 = decode_bf16(src[1]);
+        }
       }
+      reinterpret_cast<uint32_t*>(const_cast<uint16_t*>(A.act) + m * A.Kp)[act_index(k, A.KT) >> 1] = act_pair_bf16(v0, v1);
+      // one flag byte per (row, K block): the GEMM checks the blocks of its rows
+      inexact = __any_sync(0xFFFFFFFFu, inexact);
+      if (A.tok_flag && lane == 0) const_cast<uint8_t*>(A.tok_flag)[m * kblocks + kb] = inexact ? 1 : 0;
     }
-    reinterpret_cast<uint32_t*>(const_cast<uint16_t*>(A.act) + m * A.Kp)[act_index(k, A.KT) >> 1] = act_pair_bf16(v0, v1);
-    // one flag byte per (row, K block): the GEMM checks the blocks of its rows
-    inexact = __any_sync(0xFFFFFFFFu, inexact);
-    if (A.tok_flag && lane == 0) const_cast<uint8_t*>(A.tok_flag)[item] = inexact ? 1 : 0;
   }
 }
 
@@ -758,43 +770,42 @@ __global__ void __launch_bounds__(288, 2)
       const uint8_t* st = smem + s * kStageBytes;
       const uint32_t u0 = *reinterpret_cast<const uint32_t*>(st + so0);
       const uint32_t u1 = *reinterpret_cast<const uint32_t*>(st + so1);
-      uint32_t Y0[2], Y1[2];
-      bool big = false;
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const uint32_t byte = uint32_t(2 * (t & 1) + b);
-        const uint32_t sel = byte | 0x40u | (byte << 8) | 0x4000u;  // the byte in both halves
-        Y0[b] = __byte_perm(u0, 0u, sel);
-        Y1[b] = __byte_perm(u1, 0u, sel);
-        big |= ((Y0[b] & 0xFFu) > kSOne) | ((Y1[b] & 0xFFu) > kSOne);
-      }
-      const bool wide = __any_sync(0xFFFFFFFFu, big);  // warp-uniform: two-multiply decode of this stage
-      uint32_t S0[2], S1[2], E0[2] = {0u, 0u}, E1[2] = {0u, 0u};
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        S0[b] = wide ? scale_lo(Y0[b]) : scale_one(Y0[b]);
-        S1[b] = wide ? scale_lo(Y1[b]) : scale_one(Y1[b]);
-        if (wide) {
-          E0[b] = scale_hi(Y0[b]);
-          E1[b] = scale_hi(Y1[b]);
-        }
-      }
-      uint32_t q0[8], q1[8];  // bytes 32t .. 32t + 31 of the two rows (chunks 2t, 2t + 1)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint4 x0 = *reinterpret_cast<const uint4*>(st + wo0[i]);
-        const uint4 x1 = *reinterpret_cast<const uint4*>(st + wo1[i]);
-        q0[4 * i] = x0.x; q0[4 * i + 1] = x0.y; q0[4 * i + 2] = x0.z; q0[4 * i + 3] = x0.w;
-        q1[4 * i] = x1.x; q1[4 * i + 1] = x1.y; q1[4 * i + 2] = x1.z; q1[4 * i + 3] = x1.w;
-      }
+      // NOTE: a byte above kSOne (133) among this thread's two (bytes 2 (t & 1), + 1 of each word):
+      // bit 7 of b and of (b & 0x7F) + 0x7A (no carry between bytes) are both set iff b >= 134.
+      const uint32_t mine = (t & 1) ? 0x80800000u : 0x00008080u;
+      const uint32_t big = (u0 & ((u0 & 0x7F7F7F7Fu) + 0x7A7A7A7Au) & mine) |
+                           (u1 & ((u1 & 0x7F7F7F7Fu) + 0x7A7A7A7Au) & mine);
       const uint64_t dstage = desc0 + uint64_t((s * kStageBytes) >> 4);
 #pragma unroll
       for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+      // One stage: decode (one multiply, or two when a byte of the warp's tile is above kSOne) and
+      // the wgmma batches; the two forms are separate code (warp-uniform branch).
+      auto stage = [&](auto wide_t) {
+        constexpr bool kWide = decltype(wide_t)::value;
+        uint32_t S0[2], S1[2], E0[2], E1[2];
 #pragma unroll
-      for (int qb = 0; qb < Q; ++qb) {
-        uint32_t a[kPer][4];
-        auto decode = [&](auto wide_t) {
-          constexpr bool kWide = decltype(wide_t)::value;
+        for (int b = 0; b < 2; ++b) {
+          const uint32_t byte = uint32_t(2 * (t & 1) + b);
+          const uint32_t sel = byte | 0x40u | (byte << 8) | 0x4000u;  // the byte in both halves
+          const uint32_t y0 = __byte_perm(u0, 0u, sel), y1 = __byte_perm(u1, 0u, sel);
+          S0[b] = kWide ? scale_lo(y0) : scale_one(y0);
+          S1[b] = kWide ? scale_lo(y1) : scale_one(y1);
+          if constexpr (kWide) {
+            E0[b] = scale_hi(y0);
+            E1[b] = scale_hi(y1);
+          }
+        }
+        uint32_t q0[8], q1[8];  // bytes 32t .. 32t + 31 of the two rows (chunks 2t, 2t + 1)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint4 x0 = *reinterpret_cast<const uint4*>(st + wo0[i]);
+          const uint4 x1 = *reinterpret_cast<const uint4*>(st + wo1[i]);
+          q0[4 * i] = x0.x; q0[4 * i + 1] = x0.y; q0[4 * i + 2] = x0.z; q0[4 * i + 3] = x0.w;
+          q1[4 * i] = x1.x; q1[4 * i + 1] = x1.y; q1[4 * i + 2] = x1.z; q1[4 * i + 3] = x1.w;
+        }
+#pragma unroll
+        for (int qb = 0; qb < Q; ++qb) {
+          uint32_t a[kPer][4];
 #pragma unroll
           for (int jj = 0; jj < kPer; ++jj) {
             const int j = qb * kPer + jj, q = 2 * (j & 1);
@@ -804,28 +815,27 @@ __global__ void __launch_bounds__(288, 2)
             a[jj][2] = bmul2(mxfp4_packed_pair(x0, q + 1), sA);
             a[jj][3] = bmul2(mxfp4_packed_pair(x1, q + 1), sB);
             if constexpr (kWide) {
-              const uint32_t eA = E0[j >> 3], eB = E1[j >> 3];
-              a[jj][0] = bmul2(a[jj][0], eA);
-              a[jj][1] = bmul2(a[jj][1], eB);
-              a[jj][2] = bmul2(a[jj][2], eA);
-              a[jj][3] = bmul2(a[jj][3], eB);
+              a[jj][0] = bmul2(a[jj][0], E0[j >> 3]);
+              a[jj][1] = bmul2(a[jj][1], E1[j >> 3]);
+              a[jj][2] = bmul2(a[jj][2], E0[j >> 3]);
+              a[jj][3] = bmul2(a[jj][3], E1[j >> 3]);
             }
           }
-        };
-        if (wide)
-          decode(std::true_type{});
-        else
-          decode(std::false_type{});
-        cute::warpgroup_arrive();
+          cute::warpgroup_arrive();
 #pragma unroll
-        for (int jj = 0; jj < kPer; ++jj) {
-          const int j = qb * kPer + jj;
-          wgmma_call<NT>(a[jj], dstage + uint64_t(((j >> 2) * NT * 128 + (j & 3) * 32) >> 4), acc,
-                         std::make_index_sequence<NT / 2>{});
+          for (int jj = 0; jj < kPer; ++jj) {
+            const int j = qb * kPer + jj;
+            wgmma_call<NT>(a[jj], dstage + uint64_t(((j >> 2) * NT * 128 + (j & 3) * 32) >> 4), acc,
+                           std::make_index_sequence<NT / 2>{});
+          }
+          cute::warpgroup_commit_batch();
+          if (qb > 0 && qb + 1 < Q) cute::warpgroup_wait<1>();  // batch qb - 1 done: its registers are free again
         }
-        cute::warpgroup_commit_batch();
-        if (qb > 0 && qb + 1 < Q) cute::warpgroup_wait<1>();  // batch qb - 1 done: its registers are free again
-      }
+      };
+      if (__any_sync(0xFFFFFFFFu, big != 0u))
+        stage(std::true_type{});
+      else
+        stage(std::false_type{});
       cute::warpgroup_wait<0>();
 #pragma unroll
       for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
@@ -1032,7 +1042,11 @@ int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
   {
     int dev = 0;
     cudaGetDevice(&dev);
-    const int64_t blocks = (p.M * (a.Kp / 64) + 7) / 8;
+    // strips of K blocks per warp: 1 while the rows are few (latency), up to 8 for long batches
+    // (each warp reads its row's scale bytes once for the shift)
+    const int64_t items = p.M * (a.Kp / 64), target = 32 * int64_t(sm_count(dev));
+    a.strip = int(items / target < 1 ? 1 : (items / target > 8 ? 8 : items / target));
+    const int64_t blocks = (p.M * ((a.Kp / 64 + a.strip - 1) / a.strip) + 7) / 8;
     const int64_t cap = 16 * int64_t(sm_count(dev));
     act_prepass_kernel<<<unsigned(blocks < cap ? blocks : cap), 256, 0, st>>>(a);
     e = cudaGetLastError();
