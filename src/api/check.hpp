@@ -111,7 +111,7 @@ struct Checker {
     if (t.numel() != numel)
       fail(arg, "expected " + std::to_string(numel) + " elements for this layout and shape, got " + t.describe());
     if (t.is_contiguous()) return;
-    if (t.ndim >= 2) {  // batch-last view: the last dimension moved to the front is contiguous
+    if (t.ndim >= 3) {  // batch-last view: the last dimension moved to the front is contiguous
       TensorView v = t;
       v.shape[0] = t.shape[t.ndim - 1];
       v.strides[0] = t.strides[t.ndim - 1];
