@@ -267,8 +267,11 @@ def int_values(values, op: str, arg: str, lo: int = INT64_MIN, hi: int = INT64_M
     floats (3.7), bools and values out of [lo, hi] are refused, not truncated."""
     try:
         arr = np.asarray(values)
+        objs = np.asarray(values, dtype=object)
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"{op}: argument '{arg}': expected a sequence of integers, got {values!r}") from e
+    if any(isinstance(v, (bool, np.bool_)) for v in objs.reshape(-1)):
+        raise ValueError(f"{op}: argument '{arg}': expected integers, got a bool in {values!r}")
     if arr.dtype == object:  # Python ints beyond int64, or mixed objects
         for v in arr.reshape(-1):
             check_int(v, op, arg, lo, hi)
@@ -340,7 +343,7 @@ class Backend:
                     return like.new_empty(shape, dtype=_T_DT[dtype])
                 return _T.empty(tuple(int(s) for s in shape), dtype=_T_DT[dtype], device=like.device)
             return np.empty(shape, dtype=_NP_STORAGE[dtype])
-        except MemoryError as e:
+        except (MemoryError, ValueError) as e:  # NumPy: "Unable to allocate", "array is too big"
             self._no_memory(shape, dtype, e)
         except RuntimeError as e:  # torch: allocation failures (CPU and CUDA out of memory)
             if "alloc" not in str(e) and "out of memory" not in str(e):
