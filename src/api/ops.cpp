@@ -121,6 +121,7 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
   p.q_sM = qm.sM;
   p.scales = scales.data;
   std::vector<int64_t> indptr_copy;  // host m_indptr: the one copy that is validated and used
+  float gamax_copy = 0.0f;           // host global_amax (when read, not computed): likewise
   check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
   plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
 
@@ -140,9 +141,10 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
     p.global_amax = args.global_amax.ptr<float>();
     p.compute_global_amax = args.compute_global_amax;
     if (!p.compute_global_amax && args.global_amax.device == Device::kCPU) {
-      const float v = *p.global_amax;
-      if (!(v >= 0.0f))
-        c.fail("global_amax", "the per-tensor amax must be >= 0 and not NaN, got " + std::to_string(v));
+      gamax_copy = *p.global_amax;  // read once: the value checked is the value used
+      if (!(gamax_copy >= 0.0f))
+        c.fail("global_amax", "the per-tensor amax must be >= 0 and not NaN, got " + std::to_string(gamax_copy));
+      p.global_amax = &gamax_copy;
     }
   } else if (args.compute_global_amax) {
     c.fail("global_amax", "compute_global_amax needs a float32 [1] tensor to write the amax into");
@@ -187,6 +189,7 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
   p.o_sL = m.sL;
   p.o_sM = m.sM;
   std::vector<int64_t> indptr_copy;  // host m_indptr: the one copy that is validated and used
+  float gamax_copy = 0.0f;           // host global_amax (when read, not computed): likewise
   check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
   plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
   if (f.has_zero_point()) {
@@ -203,8 +206,11 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
     c.dtype(args.global_amax, "global_amax", {DType::kFloat32});
     if (args.global_amax.numel() != 1) c.fail("global_amax", "expected one element, got " + args.global_amax.describe());
     p.global_amax = args.global_amax.ptr<float>();
-    if (args.global_amax.device == Device::kCPU && *p.global_amax < 0.0f)
-      c.fail("global_amax", "the per-tensor amax must be >= 0, got " + std::to_string(*p.global_amax));
+    if (args.global_amax.device == Device::kCPU) {
+      gamax_copy = *p.global_amax;  // read once: the value checked is the value used
+      if (gamax_copy < 0.0f) c.fail("global_amax", "the per-tensor amax must be >= 0, got " + std::to_string(gamax_copy));
+      p.global_amax = &gamax_copy;
+    }
   }
   c.no_overlap({{"out", &out}}, {{"q", &q}, {"scales", &scales}, {"zeros", &args.zeros}, {"global_amax", &args.global_amax},
                                  {"m_indptr", &args.m_indptr}});
