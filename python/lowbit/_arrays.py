@@ -283,10 +283,6 @@ def int_values(values, op: str, arg: str, lo: int = INT64_MIN, hi: int = INT64_M
     return arr.astype(np.int64)
 
 
-def is_array(a) -> bool:
-    return isinstance(a, np.ndarray) or is_torch(a)
-
-
 def is_contiguous(a) -> bool:
     if is_torch(a):
         return a.is_contiguous()

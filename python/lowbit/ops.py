@@ -374,8 +374,12 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
     numel = 1
     for d in scales.shape:
         numel *= int(d)
+    try:
+        per = _layout_storage(src, src_row_align, spn, 1, R, C, groups)
+        _layout_storage(dst, dst_row_align, dpn, 1, R, C, groups)
+    except ValueError as e:  # sizes that overflow: name this function's arguments
+        raise _renamed(e, "scale_shape", op, {"M": "rows", "K": "cols", "groups": "m_indptr"}) from None
     if spn is None:
-        per = _layout_storage(src, src_row_align, None, 1, R, C, 0)
         size = per[1] * per[2]
         # the stored [rows, cols] matrices are read by index (a Fortran-ordered copy is reordered)
         if numel % size == 0:
@@ -388,18 +392,33 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
     else:
         L = 1
         # grouped [rows, Cp] storage (any number of whole rows) is read by index too
-        cp = _layout_storage(src, src_row_align, spn, 1, R, C, groups)[2]
-        if scales.ndim == 2 and int(scales.shape[1]) == cp:
+        if scales.ndim == 2 and int(scales.shape[1]) == per[2]:
             scales = _index_order(scales, (tuple(int(d) for d in scales.shape),))
     batched = scales.ndim == 3 or L > 1
-    oshape = _layout_storage(dst, dst_row_align, dpn, L, R, C, groups)
+    try:
+        oshape = _layout_storage(dst, dst_row_align, dpn, L, R, C, groups)
+    except ValueError as e:
+        raise _renamed(e, "scale_shape", op, {"L": "scales", "M": "rows", "K": "cols"}) from None
     out = be.empty(oshape if batched else oshape[1:], name)
     iv = c_view(scales, op, "scales")[0]
     ov, odt = c_view(out, op, "out")
-    with be.guard():
-        _C.convert_scale_layout(iv, ov, odt, sk, src_row_align, spad, dk, dst_row_align, dpad, R, C,
-                                None if ind is None else c_view(ind, op, "m_indptr")[0], be.stream())
+    try:
+        with be.guard():
+            _C.convert_scale_layout(iv, ov, odt, sk, src_row_align, spad, dk, dst_row_align, dpad, R, C,
+                                    None if ind is None else c_view(ind, op, "m_indptr")[0], be.stream())
+    except ValueError as e:  # the C++ names (in, R, C) as this function's arguments
+        raise _renamed(e, op, op, {"in": "scales", "R": "rows", "C": "cols"}) from None
     return out
+
+
+def _renamed(e: ValueError, cop: str, op: str, names: dict) -> ValueError:
+    """`e` (raised by _C op `cop`) as an error of `op` naming its own arguments (`names`: C++
+    argument -> Python argument)."""
+    msg = str(e)
+    for cname, pname in names.items():
+        if msg.startswith(f"{cop}: argument '{cname}'"):
+            return ValueError(f"{op}: argument '{pname}'" + msg[len(f"{cop}: argument '{cname}'"):])
+    return e
 
 
 def tensor_amax(x):

@@ -196,6 +196,11 @@ def test_convert_scale_layout_huge_R_is_refused_not_sigfpe():
         _C.convert_scale_layout(s, np.zeros(16, np.uint8), _C.DType.uint8, K.row_major, 1, _C.GroupPad.none,
                                 K.blocked128x4, 1, _C.GroupPad.none, 2**62, 4)
     _raises(lambda: lowbit.convert_scale_layout(s, 2**64, 4), "convert_scale_layout", "rows")
+    _raises(lambda: lowbit.convert_scale_layout(s, 2**62, 4), "convert_scale_layout", "rows", "overflow")
+    with pytest.raises(ValueError, match="convert_scale_layout: argument '(rows|cols)'.*overflow"):
+        lowbit.convert_scale_layout(s, 4, 2**62, "row_major", "blocked8x4")
+    _raises(lambda: lowbit.convert_scale_layout(np.zeros((2, 8), np.uint8), 8, 2, "col_major"), "convert_scale_layout",
+            "scales")
     _raises(lambda: lowbit.convert_scale_layout(s, 4, -4), "convert_scale_layout", "cols")
 
 
