@@ -199,8 +199,10 @@ def test_convert_scale_layout_huge_R_is_refused_not_sigfpe():
     _raises(lambda: lowbit.convert_scale_layout(s, 2**62, 4), "convert_scale_layout", "rows", "overflow")
     with pytest.raises(ValueError, match="convert_scale_layout: argument '(rows|cols)'.*overflow"):
         lowbit.convert_scale_layout(s, 4, 2**62, "row_major", "blocked8x4")
-    _raises(lambda: lowbit.convert_scale_layout(np.zeros((2, 8), np.uint8), 8, 2, "col_major"), "convert_scale_layout",
-            "scales")
+    # a buffer whose shape is not the stored one and whose strides are not index order: the
+    # C++ check's 'in' is reported as this function's 'scales'
+    odd = np.zeros((4, 2, 2), np.uint8).transpose(2, 1, 0)
+    _raises(lambda: lowbit.convert_scale_layout(odd, 8, 2), "convert_scale_layout", "scales", "index order")
     _raises(lambda: lowbit.convert_scale_layout(s, 4, -4), "convert_scale_layout", "cols")
 
 
