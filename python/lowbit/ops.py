@@ -249,17 +249,19 @@ def dequantize(qt: Quantized, out_dtype="float32") -> object:
         if v < 0:
             raise ValueError(f"{op}: argument 'global_amax': the per-tensor amax must be >= 0, got {gam!r}")
     # scales / zeros of the stored shape are read by index (a Fortran-ordered copy is reordered)
-    L, M, K = (1,) + shape if len(shape) == 2 else shape
-    stored = None
-    if K % f.block == 0:
-        try:
-            stored = _scale_storage_shape(f, qt.layout, row_align, qt.group_pad if ind is not None else None,
-                                          L, M, K, groups, True)
-        except ValueError:
-            stored = None
-    shapes = () if stored is None else (stored, stored[1:]) if stored[0] == 1 else (stored,)
-    scales = _index_order(qt.scales, shapes)
-    zeros = _index_order(qt.zeros, shapes)
+    scales, zeros = qt.scales, qt.zeros
+    if not is_contiguous(scales) or (zeros is not None and hasattr(zeros, "shape") and not is_contiguous(zeros)):
+        L, M, K = (1,) + shape if len(shape) == 2 else shape
+        stored = None
+        if K % f.block == 0:
+            try:
+                stored = _scale_storage_shape(f, qt.layout, row_align, qt.group_pad if ind is not None else None,
+                                              L, M, K, groups, True)
+            except ValueError:  # reported by the C++ checks below
+                stored = None
+        shapes = () if stored is None else (stored, stored[1:]) if stored[0] == 1 else (stored,)
+        scales = _index_order(scales, shapes)
+        zeros = _index_order(zeros, shapes)
     out = be.empty(shape, out_name)
     qv, qdt = c_view(qt.data, op, "q")
     sv, sdt = c_view(scales, op, "scales")
