@@ -42,6 +42,10 @@ lowbit::TensorView to_view(const Arr& a, lowbit::DType t, const char* op, const 
                                     " bits) does not match the declared dtype " + lowbit::dtype_name(t));
   if (a.ndim() > size_t(lowbit::kMaxDims))
     throw lowbit::ArgumentError(op, arg, "has more than 8 dimensions");
+  if (dt.code == uint8_t(nb::dlpack::dtype_code::Bool) || dt.code == uint8_t(nb::dlpack::dtype_code::Complex))
+    throw lowbit::ArgumentError(op, arg,
+                                std::string("a ") + (dt.code == uint8_t(nb::dlpack::dtype_code::Bool) ? "bool" : "complex") +
+                                    " array is not " + lowbit::dtype_name(t) + " data");
   v.data = const_cast<void*>(static_cast<const void*>(a.data()));
   v.dtype = t;
   v.ndim = int32_t(a.ndim());

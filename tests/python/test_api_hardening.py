@@ -357,6 +357,13 @@ def test_bool_arrays_are_not_packed_codes():
     qt = lowbit.quantize(X, "mxfp4")
     _raises(lambda: lowbit.dequantize(lowbit.Quantized(qt.data.astype(bool), qt.scales, format="mxfp4", shape=(4, 64))),
             "dequantize", "q")
+    # the module refuses a bool array declared as uint8 codes
+    args = (*lowbit.Format("mxfp4").c_args(), _C.ScaleLayoutKind.row_major, 1, _C.GroupPad.none)
+    out = np.zeros((4, 64), np.float32)
+    with pytest.raises(ValueError, match="dequantize: argument 'q'.*bool"):
+        _C.dequantize(qt.data.astype(bool), _C.DType.uint8, qt.scales.view(np.uint8), _C.DType.float8_e8m0fnu, out,
+                      _C.DType.float32, *args)
+    assert not out.any()
 
 
 @pytest.mark.parametrize("gam", [-3.0, -3, float("nan"), np.array([-3.0], np.float32), np.array([np.nan], np.float32)])
