@@ -379,9 +379,16 @@ class Backend:
         """`a` as an array of this backend (scalars and lists are converted)."""
         if isinstance(a, np.ndarray) or is_torch(a):
             return a
+        if isinstance(a, (bool, np.bool_)):
+            raise ValueError(f"{op}: argument '{arg}': expected a number or an array, got {a!r}")
         if isinstance(a, (int, float)):
             return self.full((1,), float(a), dtype)
-        return self.from_values(a, dtype)
+        if not isinstance(a, (list, tuple)) and not hasattr(a, "__array__"):
+            raise ValueError(f"{op}: argument '{arg}': expected a number, a list or an array, got {type(a).__name__}")
+        try:
+            return self.from_values(a, dtype)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"{op}: argument '{arg}': expected {dtype} values, got {a!r}") from e
 
     def stream(self) -> int:
         """The current CUDA stream of the reference tensor's device (0 on the host)."""

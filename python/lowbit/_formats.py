@@ -79,9 +79,10 @@ def _fail(arg: str, what: str, op: str = "Format"):
 
 
 def _choice(value, table, arg, op):
-    if value not in table:
+    try:
+        return table[value]
+    except (KeyError, TypeError):  # TypeError: unhashable (a list)
         _fail(arg, f"expected one of {', '.join(repr(k) for k in table)}, got {value!r}", op)
-    return table[value]
 
 
 def layout_kind(layout: str, op: str = "lowbit", arg: str = "layout"):
@@ -313,10 +314,10 @@ class Quantized:
         for arg in ("data", "scales"):
             if not hasattr(getattr(self, arg), "shape") or not hasattr(getattr(self, arg), "dtype"):
                 _fail(arg, f"expected a NumPy array or a torch tensor, got {type(getattr(self, arg)).__name__}", op)
-        for arg in ("zeros", "m_indptr"):
-            v = getattr(self, arg)
-            if v is not None and not hasattr(v, "shape") and not isinstance(v, (list, tuple)):
-                _fail(arg, f"expected an array (or None), got {type(v).__name__}", op)
+        if self.zeros is not None and (not hasattr(self.zeros, "shape") or not hasattr(self.zeros, "dtype")):
+            _fail("zeros", f"expected an array (or None), got {type(self.zeros).__name__}", op)
+        if self.m_indptr is not None and not hasattr(self.m_indptr, "shape") and not isinstance(self.m_indptr, (list, tuple)):
+            _fail("m_indptr", f"expected an integer array or list (or None), got {type(self.m_indptr).__name__}", op)
         if self.shape is None:
             s = tuple(int(d) for d in self.data.shape)
             if self.format.packed and s:
@@ -362,7 +363,10 @@ def check_shape(shape, op: str, arg: str = "shape") -> Tuple[int, ...]:
     for d in dims:
         if isinstance(d, bool) or not hasattr(d, "__index__"):
             _fail(arg, f"expected integer sizes, got {shape!r}", op)
-        v = int(d.__index__())
+        try:
+            v = int(d.__index__())
+        except TypeError:  # e.g. an array that is not an integer scalar
+            _fail(arg, f"expected integer sizes, got {shape!r}", op)
         if v < 0 or v >= (1 << 63):
             _fail(arg, f"sizes must lie in [0, 2^63), got {shape!r}", op)
         out.append(v)

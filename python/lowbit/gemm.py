@@ -46,6 +46,8 @@ def _cb(x, op, arg):
 
 def _writable(out, op, arg="out"):
     """`out` as given, after checking that it may be written (a read-only NumPy array is refused)."""
+    if out is not None and not is_torch(out) and not isinstance(out, np.ndarray):
+        raise ValueError(f"{op}: argument '{arg}': expected a NumPy array or a torch tensor, got {type(out).__name__}")
     if out is not None and not is_torch(out) and isinstance(out, np.ndarray) and not out.flags.writeable:
         raise ValueError(f"{op}: argument '{arg}': is read-only: an output must be a writable array")
     return out
@@ -115,6 +117,7 @@ def nvfp4_dual_gemm_silu(a, b1=None, b2=None, sfa=None, sfb1=None, sfb2=None, *,
     """
     op = "nvfp4_dual_gemm_silu"
     a = _bytes(_required(a, op, "a"), op, "a")
+    _required(sfa, op, "sfa")
     _writable(out, op)
     if a.ndim not in (2, 3):
         raise ValueError(f"{op}: argument 'a': expected [M, K/2, L] or [M, K/2], got shape {tuple(a.shape)}")
@@ -260,6 +263,9 @@ def gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b
     ``packed=True``: w1 / w1_scale and w2 / w2_scale are group_gemm_mxfp4_prepack outputs
     (of the row-major scales)."""
     op = "gpt_oss_moe_mlp"
+    for arg, v in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1), ("w1_scale", w1_scale),
+                   ("b1", b1), ("w2", w2), ("w2_scale", w2_scale), ("b2", b2)):
+        _required(v, op, arg)
     _writable(out, op)
     x = as_array(x, op, "x")
     be = Backend(x, op, "x")

@@ -469,6 +469,8 @@ def nf4_kcache_dequantize(codes, scale, residual=None, out_dtype="float32", nibb
     op = "nf4_kcache_dequantize"
     codes = as_array(codes, op, "codes", float_default=False)
     scale = as_array(scale, op, "scale")
+    if residual is not None:
+        residual = as_array(residual, op, "residual", float_default=False)
     same_backend(codes, scale, op, "scale")
     same_backend(codes, residual, op, "residual")
     if codes.ndim != 4:
