@@ -240,12 +240,13 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="b
                        dtype_name(out_dtype, op, "out_dtype"))
     ov, odt = c_view(out, op, "out")
     pad = _choice(group_pad, _PADS, "group_pad", op)  # checked even when the layout does not use it
-    if a_scale_layout != "blocked128x4":
+    akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
+    if akind != _KINDS["blocked128x4"]:
         pad = _C.GroupPad.none
     with be.guard():
         # a_scale is passed whatever a's dtype: bf16 activations with scales are refused, not ignored
         _C.group_gemm_mxfp4(av, adt, None if a_scale is None else _cb(a_scale, op, "a_scale"),
-                            _choice(a_scale_layout, _KINDS, "a_scale_layout", op), pad, _cb(b, op, "b"),
+                            akind, pad, _cb(b, op, "b"),
                             _cb(b_scale, op, "b_scale"), _choice(b_scale_layout, _KINDS, "b_scale_layout", op),
                             c_view(m_indptr, op, "m_indptr")[0], ov, odt, b_packed=bool(b_packed),
                             stream=be.stream())
@@ -276,7 +277,7 @@ def gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b
     b1v, b1dt = c_view(b1, op, "b1")
     b2v, b2dt = c_view(b2, op, "b2")
     if out is None:
-        out = be.empty(tuple(int(s) for s in x.shape), dtype_name(out_dtype or x.dtype, op, "out_dtype"))
+        out = be.empty(tuple(int(s) for s in x.shape), dtype_name(x.dtype if out_dtype is None else out_dtype, op, "out_dtype"))
     ov, odt = c_view(out, op, "out")
     acts = {"bf16": _C.ActQuant.bf16, "mxfp8": _C.ActQuant.mxfp8}
     with be.guard():

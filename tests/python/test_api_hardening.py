@@ -479,3 +479,73 @@ def test_nvfp4_default_computes_the_global_amax():
 def test_nvfp4_default_sqnr_at_typical_weight_scales(std):
     w = np.random.default_rng(int(std * 1000)).standard_normal((128, 1024)).astype(np.float32) * std
     assert sqnr(w, lowbit.dequantize(lowbit.quantize(w, "nvfp4"))) > 15
+
+
+# --- a sweep of bad values over the public functions: only ValueErrors that name an argument --------
+
+def _sweep_calls():
+    X4 = X[:, :64]
+    q8 = lowbit.quantize(X4, "mxfp4")
+    qi = lowbit.quantize(X4, "int4", block=32)
+    bf = X4.astype(ml_dtypes.bfloat16)
+    return {
+        "quantize": (lambda **k: lowbit.quantize(**{**dict(x=X4, fmt="nvfp4"), **k}),
+                     ["x", "fmt", "layout", "row_align", "m_indptr", "group_pad", "global_amax", "compute_global_amax",
+                      "eps", "block"]),
+        "dequantize": (lambda **k: lowbit.dequantize(**{**dict(qt=q8), **k}), ["qt", "out_dtype"]),
+        "Quantized": (lambda **k: lowbit.dequantize(lowbit.Quantized(**{**dict(
+            data=np.zeros((4, 32), np.uint8), scales=np.zeros((4, 2), np.uint8), format="mxfp4"), **k})),
+            ["data", "scales", "zeros", "global_amax", "format", "layout", "shape", "row_align", "group_pad", "m_indptr"]),
+        "cast": (lambda **k: lowbit.cast(**{**dict(x=X4), **k}), ["x", "dtype"]),
+        "convert_scale_layout": (lambda **k: lowbit.convert_scale_layout(**{**dict(
+            scales=np.zeros((4, 2), np.uint8), rows=4, cols=2), **k}),
+            ["scales", "rows", "cols", "src", "dst", "m_indptr", "src_row_align", "dst_row_align", "group_pad"]),
+        "scale_shape": (lambda **k: lowbit.scale_shape(**{**dict(fmt="mxfp4", layout="row_major", L=1, M=4, K=64), **k}),
+                        ["fmt", "layout", "L", "M", "K", "groups", "row_align", "group_pad"]),
+        "nf4_kcache_quantize": (lambda **k: lowbit.nf4_kcache_quantize(**{**dict(k=np.ones((1, 2, 1, 4), np.float32)), **k}),
+                                ["k", "residual_dtype", "nibble_order"]),
+        "nf4_kcache_dequantize": (lambda **k: lowbit.nf4_kcache_dequantize(**{**dict(
+            codes=np.zeros((1, 2, 1, 2), np.uint8), scale=np.ones((1, 1, 4), np.float32)), **k}),
+            ["codes", "scale", "residual", "out_dtype", "nibble_order"]),
+        "per_token_group_quant": (lambda **k: lowbit.per_token_group_quant(**{**dict(x=X4, group_size=32), **k}),
+                                  ["x", "group_size", "dtype", "eps"]),
+        "transcode": (lambda **k: lowbit.transcode(**{**dict(qt=qi), **k}), ["qt", "out_dtype"]),
+        "group_gemm": (lambda **k: lowbit.group_gemm_mxfp4_nt_groupwise(**{**dict(
+            a=bf, b=np.zeros((1, 8, 32), np.uint8), a_scale=None, b_scale=np.zeros((1, 8, 2), np.uint8), m_indptr=[0, 4],
+            b_scale_layout="row_major"), **k}),
+            ["a", "b", "a_scale", "b_scale", "m_indptr", "out_dtype", "a_scale_layout", "b_scale_layout", "group_pad",
+             "out", "n"]),
+        "dual_gemm": (lambda **k: lowbit.nvfp4_dual_gemm_silu(**{**dict(
+            a=np.zeros((4, 32), np.uint8), b1=np.zeros((128, 32), np.uint8), b2=np.zeros((128, 32), np.uint8),
+            sfa=np.zeros((4, 4), np.uint8), sfb1=np.zeros((128, 4), np.uint8), sfb2=np.zeros((128, 4), np.uint8)), **k}),
+            ["a", "b1", "b2", "sfa", "sfb1", "sfb2", "scale_layout", "amax_a", "out", "out_dtype", "packed_b", "n"]),
+        "moe": (lambda **k: lowbit.gpt_oss_moe_mlp(**{**dict(
+            x=np.zeros((1, 32), np.float32), topk_ids=np.zeros((1, 1), np.int32), topk_weights=np.ones((1, 1), np.float32),
+            w1=np.zeros((1, 64, 16), np.uint8), w1_scale=np.zeros((1, 64, 1), np.uint8), b1=np.zeros((1, 64), np.float32),
+            w2=np.zeros((1, 32, 16), np.uint8), w2_scale=np.zeros((1, 32, 1), np.uint8), b2=np.zeros((1, 32), np.float32)),
+            **k}), ["x", "topk_ids", "topk_weights", "w1", "w1_scale", "b1", "w2", "w2_scale", "b2", "alpha", "limit",
+                    "act", "out_dtype", "out"]),
+        "Format": (lambda **k: lowbit.Format(**{**dict(name="int4"), **k}),
+                   ["name", "block", "rounding", "scale_dtype", "nibble_order", "zero_scale", "eps"]),
+    }
+
+
+def test_sweep_of_bad_values_gives_only_value_errors_naming_an_argument():
+    buf = np.zeros(4 * 64 * 4 + 8, np.uint8)
+    misaligned = np.frombuffer(buf.data, np.float32, 256, 1).reshape(4, 64)
+    bad_values = [None, -1, 0, 1.5, 2**64, -2**63, "x", [1, 2], (), {}, True, float("nan"), float("inf"),
+                  np.zeros(3), np.zeros((2, 2), bool), object(), np.zeros((0, 64), np.float32), np.asfortranarray(X),
+                  misaligned, np.ones((4, 64), complex), np.array(["a"]), np.zeros((4, 64), np.int64), X[:, ::2], X.T,
+                  np.zeros((1,) * 9, np.float32)]
+    wrong = []
+    for name, (fn, args) in _sweep_calls().items():
+        for arg in args:
+            for v in bad_values:
+                try:
+                    fn(**{arg: v})
+                except (ValueError, NotImplementedError) as e:
+                    if "argument '" not in str(e):
+                        wrong.append((name, arg, repr(v)[:40], f"no argument named: {e}"))
+                except Exception as e:  # noqa: BLE001 - the point of the test
+                    wrong.append((name, arg, repr(v)[:40], f"{type(e).__name__}: {e}"[:160]))
+    assert not wrong, "\n".join(map(str, wrong))
