@@ -20,8 +20,8 @@ struct DualGemmArgs {
   /// [M, K/2, L] or [M, K/2]: uint8 or float4_e2m1fn_x2, element 2k in the low nibble, K
   /// contiguous; other strides free (the GPU MODE tensors are [M, K/2, L] views of (L, M, K/2)).
   TensorView a, b1, b2;
-  /// E4M3 block scales (float8_e4m3fn or uint8), addressed through their storage (any dense
-  /// strides): L matrices of MN x K/16 in `sf_layout` — ScaleLayout::row_major() for the GPU
+  /// E4M3 block scales (float8_e4m3fn or uint8), addressed through their storage (row-major, or
+  /// the documented batch-last / 6-D views of it, see ops.hpp): L matrices of MN x K/16 in `sf_layout` — ScaleLayout::row_major() for the GPU
   /// MODE reference tensors [MN, K/16, L], ScaleLayout::blocked128x4() for the permuted
   /// [32, 4, MN/128, 4, K/64, L] tensors (cuBLAS / CUTLASS layout).
   TensorView sfa, sfb1, sfb2;

@@ -12,8 +12,11 @@
 //   q        [L?, M, K]   8-bit formats: float8_e4m3fn / float8_e5m2 (uint8 accepted)
 //            [L?, M, K/2] 4-bit formats: uint8 or float4_e2m1fn_x2 (E2M1 only)
 //   scales   the L stored scale matrices of M x (K/block) in `layout`, one after the other, in
-//            any tensor whose strides describe a dense buffer (so the 6-D [32,4,M/128,4,K/64,L]
-//            GPU MODE view and the [M, K/16, L] reference view are accepted as they are);
+//            a row-major (C-contiguous) tensor of any shape, or in one of the documented views of
+//            such storage: the batch-last [.., L] view (the GPU MODE [M, K/16, L] reference
+//            scales) and, for 128x4 blocked scales, the 6-D [32,4,M/128,4,K/64,L] GPU MODE view.
+//            Other strides (e.g. a Fortran-ordered tensor) are refused: the storage is read in
+//            memory order, which for them would not be index order;
 //            dtype float32 (kF32), float8_e8m0fnu or uint8 (kUE8M0), float8_e4m3fn or uint8 (kE4M3).
 //            Padding of the blocked layouts is written with zeros.
 //   zeros    UINT4 zero points: uint8, same layout and size as scales.
@@ -42,8 +45,8 @@ struct QuantArgs {
   TensorView global_amax;  ///< NVFP4: float32 [1]; absent = no per-tensor scale (S_enc = 1)
   bool compute_global_amax = false;  ///< NVFP4 quantize: write the finite amax(|x|) into global_amax first
   /// grouped layouts: int32/int64 [G+1] row boundaries (L must be 1). Host boundaries are
-  /// validated (start at 0, non-decreasing, end at M); device-resident ones are trusted, since
-  /// reading them would synchronize: wrong device boundaries can address outside `scales`.
+  /// copied once, validated (start at 0, non-decreasing, end at M) and used from that copy;
+  /// device-resident ones are trusted, since reading them would synchronize.
   TensorView m_indptr;
 };
 

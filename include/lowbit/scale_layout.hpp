@@ -35,6 +35,9 @@ struct ScaleLayout {
   static constexpr ScaleLayout blocked8x4() { return {ScaleLayoutKind::kBlocked8x4, 1, GroupPad::kNone}; }
 };
 
+// The size helpers below do unchecked int64 arithmetic (they run in kernels too): the API checks
+// every size it derives from caller-given numbers with the overflow-checked versions in
+// src/core/checked.hpp first, so these only ever see values whose results fit.
 LOWBIT_HOST_DEVICE constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 LOWBIT_HOST_DEVICE constexpr int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 

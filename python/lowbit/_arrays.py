@@ -240,27 +240,111 @@ def c_view(a, op: str, arg: str, dtype: str | None = None):
     return a, cdt
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def check_int(value, op: str, arg: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
+    """`value` as a Python int: an integer (Python or NumPy; not bool, not float) in [lo, hi],
+    else ValueError naming the argument (never silently truncated or wrapped)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{op}: argument '{arg}': expected an integer, got {value!r}")
+    v = int(value)
+    if v < lo or v > hi:
+        raise ValueError(f"{op}: argument '{arg}': expected an integer in [{lo}, {hi}], got {v}")
+    return v
+
+
+def check_float(value, op: str, arg: str) -> float:
+    """`value` as a Python float (a real number, not bool), else ValueError naming the argument."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{op}: argument '{arg}': expected a number, got {value!r}")
+    return float(value)
+
+
+def int_values(values, op: str, arg: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> np.ndarray:
+    """A Python sequence of integers (e.g. m_indptr given as a list) as an int64 NumPy array;
+    floats (3.7), bools and values out of [lo, hi] are refused, not truncated."""
+    try:
+        arr = np.asarray(values)
+        objs = np.asarray(values, dtype=object)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"{op}: argument '{arg}': expected a sequence of integers, got {values!r}") from e
+    if any(isinstance(v, (bool, np.bool_)) for v in objs.reshape(-1)):
+        raise ValueError(f"{op}: argument '{arg}': expected integers, got a bool in {values!r}")
+    if arr.dtype == object:  # Python ints beyond int64, or mixed objects
+        for v in arr.reshape(-1):
+            check_int(v, op, arg, lo, hi)
+        raise ValueError(f"{op}: argument '{arg}': expected a sequence of integers, got {values!r}")
+    if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
+        raise ValueError(f"{op}: argument '{arg}': expected integers, got {arr.dtype} values {values!r}")
+    if arr.size and (int(arr.min()) < lo or int(arr.max()) > hi):
+        raise ValueError(f"{op}: argument '{arg}': values must lie in [{lo}, {hi}], got {values!r}")
+    return arr.astype(np.int64)
+
+
+def is_contiguous(a) -> bool:
+    if is_torch(a):
+        return a.is_contiguous()
+    return a.flags.c_contiguous
+
+
+def contiguous(a):
+    """`a` in row-major (C) order: `a` itself when it already is, else a copy."""
+    if is_contiguous(a):
+        return a
+    if is_torch(a):
+        return a.contiguous()
+    return np.ascontiguousarray(a)
+
+
+def check_writable(a, op: str, arg: str):
+    """Refuses an array that lowbit would write but may not (a read-only NumPy array or memmap)."""
+    if isinstance(a, np.ndarray) and not a.flags.writeable:
+        raise ValueError(f"{op}: argument '{arg}': is read-only: an output must be a writable array")
+    return a
+
+
 class Backend:
-    """Allocates outputs like a reference array: NumPy on the host, or torch on its device."""
+    """Allocates outputs like a reference array: NumPy on the host, or torch on its device.
 
-    __slots__ = ("torch", "cuda", "like")
+    `op` / `arg` name the call and the argument whose size decides the outputs: an output that
+    cannot be allocated (e.g. for a huge stride-0 view) raises ValueError naming them."""
 
-    def __init__(self, like):
+    __slots__ = ("torch", "cuda", "like", "op", "arg")
+
+    def __init__(self, like, op: str = "lowbit", arg: str = "x"):
         self.like = like
         self.torch = is_torch(like)
         self.cuda = self.torch and like.is_cuda
+        self.op = op
+        self.arg = arg
+
+    def _no_memory(self, shape, dtype, e):
+        n = 1
+        for d in shape:
+            n *= int(d)
+        raise ValueError(f"{self.op}: argument '{self.arg}': an output of shape {tuple(int(d) for d in shape)} "
+                         f"({dtype}, {n} elements) cannot be allocated: {e}") from None
 
     @property
     def device(self):
         return self.like.device if self.torch else None
 
     def empty(self, shape, dtype: str):
-        if self.torch:
-            like = self.like
-            if type(like) is _TENSOR:  # plain tensor: new_empty skips the device argument parsing
-                return like.new_empty(shape, dtype=_T_DT[dtype])
-            return _T.empty(tuple(int(s) for s in shape), dtype=_T_DT[dtype], device=like.device)
-        return np.empty(shape, dtype=_NP_STORAGE[dtype])
+        try:
+            if self.torch:
+                like = self.like
+                if type(like) is _TENSOR:  # plain tensor: new_empty skips the device argument parsing
+                    return like.new_empty(shape, dtype=_T_DT[dtype])
+                return _T.empty(tuple(int(s) for s in shape), dtype=_T_DT[dtype], device=like.device)
+            return np.empty(shape, dtype=_NP_STORAGE[dtype])
+        except (MemoryError, ValueError) as e:  # NumPy: "Unable to allocate", "array is too big"
+            self._no_memory(shape, dtype, e)
+        except RuntimeError as e:  # torch: allocation failures (CPU and CUDA out of memory)
+            if "alloc" not in str(e) and "out of memory" not in str(e):
+                raise
+            self._no_memory(shape, dtype, e)
 
     def zeros(self, shape, dtype: str):
         shape = tuple(int(s) for s in shape)
@@ -277,18 +361,34 @@ class Backend:
         return out
 
     def from_values(self, values, dtype: str):
-        """A small array of Python numbers (e.g. m_indptr given as a list)."""
+        """A small array of Python numbers (e.g. topk_weights given as a list)."""
         if self.torch:
             return _T.tensor(list(values), dtype=getattr(_T, dtype), device=self.like.device)
         return np.asarray(values, dtype=_BY_NAME[dtype][1])
+
+    def index_values(self, values, op: str, arg: str, dtype: str = "int64", lo: int = INT64_MIN,
+                     hi: int = INT64_MAX):
+        """A small integer array of this backend from a Python sequence (m_indptr, topk_ids given
+        as lists): integers only, range-checked (int_values)."""
+        arr = int_values(values, op, arg, lo, hi).astype(_BY_NAME[dtype][1])
+        if self.torch:
+            return _T.from_numpy(arr).to(self.like.device)
+        return arr
 
     def adopt(self, a, op: str, arg: str, dtype: str):
         """`a` as an array of this backend (scalars and lists are converted)."""
         if isinstance(a, np.ndarray) or is_torch(a):
             return a
+        if isinstance(a, (bool, np.bool_)):
+            raise ValueError(f"{op}: argument '{arg}': expected a number or an array, got {a!r}")
         if isinstance(a, (int, float)):
             return self.full((1,), float(a), dtype)
-        return self.from_values(a, dtype)
+        if not isinstance(a, (list, tuple)) and not hasattr(a, "__array__"):
+            raise ValueError(f"{op}: argument '{arg}': expected a number, a list or an array, got {type(a).__name__}")
+        try:
+            return self.from_values(a, dtype)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"{op}: argument '{arg}': expected {dtype} values, got {a!r}") from e
 
     def stream(self) -> int:
         """The current CUDA stream of the reference tensor's device (0 on the host)."""

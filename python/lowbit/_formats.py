@@ -30,6 +30,7 @@ bitsandbytes).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -70,6 +71,7 @@ LAYOUTS = {
 GROUP_PADS = {"flashinfer": _C.GroupPad.flashinfer, "cumsum": _C.GroupPad.cumsum}
 _PAD_NONE = _C.GroupPad.none
 _CODE_DTYPES = {E.e4m3: "float8_e4m3fn", E.e5m2: "float8_e5m2"}
+_INT32_MAX = (1 << 31) - 1
 
 
 def _fail(arg: str, what: str, op: str = "Format"):
@@ -77,9 +79,10 @@ def _fail(arg: str, what: str, op: str = "Format"):
 
 
 def _choice(value, table, arg, op):
-    if value not in table:
+    try:
+        return table[value]
+    except (KeyError, TypeError):  # TypeError: unhashable (a list)
         _fail(arg, f"expected one of {', '.join(repr(k) for k in table)}, got {value!r}", op)
-    return table[value]
 
 
 def layout_kind(layout: str, op: str = "lowbit", arg: str = "layout"):
@@ -90,12 +93,15 @@ def layout_kind(layout: str, op: str = "lowbit", arg: str = "layout"):
 
 
 def group_pad_kind(group_pad: Optional[str], grouped: bool, op: str = "lowbit"):
-    if not grouped:
-        return _PAD_NONE
+    """The _C.GroupPad of `group_pad` when the layout is grouped, else none. The name is checked
+    either way (a bad value is refused even where it would not be used)."""
     try:
-        return GROUP_PADS[group_pad]
+        kind = GROUP_PADS[group_pad]
     except (KeyError, TypeError):
-        return _choice(group_pad, GROUP_PADS, "group_pad", op)
+        if group_pad is None and not grouped:
+            return _PAD_NONE
+        kind = _choice(group_pad, GROUP_PADS, "group_pad", op)
+    return kind if grouped else _PAD_NONE
 
 
 class Format:
@@ -131,12 +137,13 @@ class Format:
         elem, dblock, dst, rule, fixed = _FORMATS[name]
         if block is None:
             block = dblock
-        elif fixed and int(block) != dblock:
-            _fail("block", f"{name} has a fixed block size of {dblock}, got {block}")
-        if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
+        if not isinstance(block, int) or isinstance(block, bool) or block <= 0 or block > _INT32_MAX:
             _fail("block", f"expected a positive integer, got {block!r}")
+        if fixed and block != dblock:
+            _fail("block", f"{name} has a fixed block size of {dblock}, got {block}")
         if rule in (R.mx_rceil, R.mx_floor):
-            rule = _choice(rounding or "rceil", {"rceil": R.mx_rceil, "floor": R.mx_floor}, "rounding", "Format")
+            rule = _choice("rceil" if rounding is None else rounding, {"rceil": R.mx_rceil, "floor": R.mx_floor},
+                           "rounding", "Format")
         elif rounding is not None:
             _fail("rounding", f"only the MX formats take a rounding rule, not {name}")
         st = dst
@@ -149,8 +156,15 @@ class Format:
         nib = _choice(nibble_order, _NIBBLES, "nibble_order", "Format")
         if zero_scale is not None and rule != R.nvfp4:
             _fail("zero_scale", f"only nvfp4 takes zero_scale, not {name}")
-        zs = _choice(zero_scale or "zero", _ZERO_SCALE, "zero_scale", "Format")
-        eps = float(eps)
+        zs = _choice("zero" if zero_scale is None else zero_scale, _ZERO_SCALE, "zero_scale", "Format")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) and not hasattr(eps, "__float__"):
+            _fail("eps", f"expected a number, got {eps!r}")
+        try:
+            eps = float(eps)
+        except (TypeError, ValueError):
+            _fail("eps", f"expected a number, got {eps!r}")
+        if not (math.isfinite(eps) and eps > 0):  # also checked by lowbit::validate_format
+            _fail("eps", f"must be finite and > 0, got {eps!r}")
         _C.validate_format(elem, block, st, rule, nib, zs, eps)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "elem", elem)
@@ -293,18 +307,30 @@ class Quantized:
     m_indptr: Any = None
 
     def __post_init__(self):
+        op = "Quantized"
         if type(self.format) is not Format:
             object.__setattr__(self, "format", Format.of(self.format))
-        layout_kind(self.layout, "Quantized")
+        layout_kind(self.layout, op)
+        for arg in ("data", "scales"):
+            if not hasattr(getattr(self, arg), "shape") or not hasattr(getattr(self, arg), "dtype"):
+                _fail(arg, f"expected a NumPy array or a torch tensor, got {type(getattr(self, arg)).__name__}", op)
+        if self.zeros is not None and (not hasattr(self.zeros, "shape") or not hasattr(self.zeros, "dtype")):
+            _fail("zeros", f"expected an array (or None), got {type(self.zeros).__name__}", op)
+        if self.m_indptr is not None and not hasattr(self.m_indptr, "shape") and not isinstance(self.m_indptr, (list, tuple)):
+            _fail("m_indptr", f"expected an integer array or list (or None), got {type(self.m_indptr).__name__}", op)
         if self.shape is None:
             s = tuple(int(d) for d in self.data.shape)
-            if self.format.packed:
+            if self.format.packed and s:
                 s = s[:-1] + (s[-1] * 2,)
             object.__setattr__(self, "shape", s)
         else:
-            object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+            object.__setattr__(self, "shape", check_shape(self.shape, op))
+        if isinstance(self.row_align, bool) or not isinstance(self.row_align, int) and not hasattr(self.row_align, "__index__"):
+            _fail("row_align", f"expected an integer, got {self.row_align!r}", op)
         if self.m_indptr is not None and self.group_pad is None:
             object.__setattr__(self, "group_pad", "flashinfer")
+        if self.group_pad is not None:
+            group_pad_kind(self.group_pad, True, op)
 
     @classmethod
     def _from_parts(cls, data, scales, zeros, global_amax, format, layout, shape, row_align, group_pad, m_indptr):
@@ -325,6 +351,26 @@ class Quantized:
         return (f"Quantized(format={self.format!r}, layout={self.layout!r}, shape={self.shape}, "
                 f"data={getattr(self.data, 'dtype', '?')}{list(self.data.shape)}, "
                 f"scales={getattr(self.scales, 'dtype', '?')}{list(self.scales.shape)})")
+
+
+def check_shape(shape, op: str, arg: str = "shape") -> Tuple[int, ...]:
+    """A tensor shape as a tuple of non-negative Python ints (each below 2^63), else ValueError."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        _fail(arg, f"expected a tuple of sizes, got {shape!r}", op)
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            _fail(arg, f"expected integer sizes, got {shape!r}", op)
+        try:
+            v = int(d.__index__())
+        except TypeError:  # e.g. an array that is not an integer scalar
+            _fail(arg, f"expected integer sizes, got {shape!r}", op)
+        if v < 0 or v >= (1 << 63):
+            _fail(arg, f"sizes must lie in [0, 2^63), got {shape!r}", op)
+        out.append(v)
+    return tuple(out)
 
 
 def stored_scale_shape(layout: str, M, C, row_align: int = 1):

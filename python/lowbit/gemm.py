@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
-from ._arrays import _T_EXPORT, Backend, _torch, as_array, c_export, c_view, dtype_name, is_torch, same_backend
+from ._arrays import (INT32_MAX, INT32_MIN, _T_EXPORT, Backend, _torch, as_array, c_export, c_view, check_float,
+                      check_int, dtype_name, is_torch, same_backend)
 from ._formats import GROUP_PADS as _PADS, LAYOUTS, _choice
 
 # the GEMMs take two of the scale layouts
@@ -23,11 +24,16 @@ def _bytes(x, op, arg):
         return None
     x = as_array(x, op, arg, float_default=False)
     if is_torch(x):
+        if x.dtype == _torch().bool:
+            raise ValueError(f"{op}: argument '{arg}': expected packed codes or scale bytes (uint8 / fp8 / fp4), "
+                             f"got bool")
         if x.element_size() != 1:
             raise ValueError(f"{op}: argument '{arg}': expected 1-byte elements, got {x.dtype}")
         # dtypes of lowbit's tables go to _C as they are (c_export takes a uint8 view where this
         # torch's DLPack lacks the dtype); any other 1-byte dtype as its uint8 bytes
         return x if x.dtype in _T_EXPORT else x.view(_torch().uint8)
+    if x.dtype == np.bool_:
+        raise ValueError(f"{op}: argument '{arg}': expected packed codes or scale bytes (uint8 / fp8 / fp4), got bool")
     if x.dtype.itemsize != 1:
         raise ValueError(f"{op}: argument '{arg}': expected 1-byte elements, got {x.dtype}")
     return x if x.dtype == np.uint8 else x.view(np.uint8)
@@ -40,9 +46,41 @@ def _cb(x, op, arg):
 
 def _writable(out, op, arg="out"):
     """`out` as given, after checking that it may be written (a read-only NumPy array is refused)."""
+    if out is not None and not is_torch(out) and not isinstance(out, np.ndarray):
+        raise ValueError(f"{op}: argument '{arg}': expected a NumPy array or a torch tensor, got {type(out).__name__}")
     if out is not None and not is_torch(out) and isinstance(out, np.ndarray) and not out.flags.writeable:
-        raise ValueError(f"{op}: argument '{arg}': is read-only")
+        raise ValueError(f"{op}: argument '{arg}': is read-only: an output must be a writable array")
     return out
+
+
+def _index_array(be: Backend, v, op, arg, lo=INT32_MIN, hi=INT32_MAX):
+    """An integer index argument (m_indptr, topk_ids) as an array of this backend: arrays as they
+    are (their dtype is checked by the C++ API), Python sequences strictly as integers (a float
+    such as 3.7 is refused, not truncated)."""
+    if isinstance(v, np.ndarray) or is_torch(v):
+        return v
+    if isinstance(v, (list, tuple)):
+        return be.index_values(v, op, arg, "int32", lo, hi)
+    raise ValueError(f"{op}: argument '{arg}': expected an integer array or a list of integers, got {type(v).__name__}")
+
+
+def _ids_int32(be: Backend, ids, op):
+    """topk_ids as int32 (the kernels' type): torch.topk's int64 indices are converted. Host
+    values outside int32 are refused; device values are clamped into int32 (no host sync), so an
+    out-of-range id stays out of range (the kernels skip it) instead of wrapping to a valid one."""
+    ids = _index_array(be, ids, op, "topk_ids")
+    if is_torch(ids):
+        t = _torch()
+        if ids.dtype == t.int64:
+            if not ids.is_cuda and ids.numel() and (int(ids.min()) < INT32_MIN or int(ids.max()) > INT32_MAX):
+                raise ValueError(f"{op}: argument 'topk_ids': expert ids must fit in int32")
+            ids = ids.clamp(INT32_MIN, INT32_MAX).to(t.int32)
+        return ids
+    if ids.dtype == np.int64:
+        if ids.size and (int(ids.min()) < INT32_MIN or int(ids.max()) > INT32_MAX):
+            raise ValueError(f"{op}: argument 'topk_ids': expert ids must fit in int32")
+        ids = ids.astype(np.int32)
+    return ids
 
 
 def _required(x, op, arg):
@@ -79,21 +117,24 @@ def nvfp4_dual_gemm_silu(a, b1=None, b2=None, sfa=None, sfb1=None, sfb2=None, *,
     """
     op = "nvfp4_dual_gemm_silu"
     a = _bytes(_required(a, op, "a"), op, "a")
+    _required(sfa, op, "sfa")
     _writable(out, op)
     if a.ndim not in (2, 3):
         raise ValueError(f"{op}: argument 'a': expected [M, K/2, L] or [M, K/2], got shape {tuple(a.shape)}")
     for arg, v in (("b1", b1), ("b2", b2), ("sfa", sfa), ("sfb1", sfb1), ("sfb2", sfb2), ("out", out)):
         same_backend(a, v, op, arg)
     M, L = int(a.shape[0]), int(a.shape[2]) if a.ndim == 3 else 1
-    be = Backend(a)
+    be = Backend(a, op, "a")
     if out is None:
         if packed_b is not None:
             if n is None:
                 raise ValueError(f"{op}: argument 'n': give n (or out) with prepacked weights")
-            N = int(n)
+            N = check_int(n, op, "n", 0)
         else:
             if b1 is None:
                 raise ValueError(f"{op}: argument 'b1': is required without packed_b")
+            if not hasattr(b1, "shape"):
+                raise ValueError(f"{op}: argument 'b1': expected an array, got {type(b1).__name__}")
             N = int(b1.shape[0])
         oname = dtype_name(out_dtype, op, "out_dtype")
         if a.ndim == 3:
@@ -117,10 +158,12 @@ def nvfp4_dual_gemm_prepack(b1, b2, sfb1, sfb2, *, scale_layout: str = "row_majo
     interleaved by 8, each thread's wgmma fragments contiguous), for
     ``nvfp4_dual_gemm_silu(a, sfa=..., packed_b=packed, n=N)``."""
     op = "nvfp4_dual_gemm_prepack"
-    b1 = _bytes(b1, op, "b1")
+    b1 = _bytes(_required(b1, op, "b1"), op, "b1")
+    if b1.ndim not in (2, 3):
+        raise ValueError(f"{op}: argument 'b1': expected [N, K/2, L] or [N, K/2], got shape {tuple(b1.shape)}")
     N, K = int(b1.shape[0]), 2 * int(b1.shape[1])
     L = int(b1.shape[2]) if b1.ndim == 3 else 1
-    be = Backend(b1)
+    be = Backend(b1, op, "b1")
     packed = be.empty((_C.nvfp4_dual_gemm_packed_bytes(N, K, L),), "uint8")
     with be.guard():
         _C.nvfp4_dual_gemm_prepack(c_export(b1), _cb(b2, op, "b2"), _cb(sfb1, op, "sfb1"), _cb(sfb2, op, "sfb2"),
@@ -156,7 +199,7 @@ def group_gemm_mxfp4_prepack(b, b_scale, *, b_scale_layout: str = "blocked128x4"
     G, N, K = (int(b.shape[0]), int(b.shape[1]), 2 * int(b.shape[2]))
     Np = -(-N // MXFP4_PACK_ROWS) * MXFP4_PACK_ROWS
     Kp = -(-K // MXFP4_PACK_K) * MXFP4_PACK_K
-    be = Backend(b)
+    be = Backend(b, op, "b")
     pb = be.empty((G, Np, Kp // 2), "uint8")
     ps = be.empty((G, Np, Kp // 32), "uint8")
     with be.guard():
@@ -182,19 +225,28 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="b
         _required(v, op, arg)
     _writable(out, op)
     a = as_array(a, op, "a", float_default=False)
-    be = Backend(a)
-    aname = dtype_name(a.dtype, op, "a")
+    be = Backend(a, op, "a")
+    if a.ndim != 2:
+        raise ValueError(f"{op}: argument 'a': expected [cum_m, K], got shape {tuple(a.shape)}")
+    dtype_name(a.dtype, op, "a")
     av, adt = c_view(a, op, "a")
-    m_indptr = be.adopt(m_indptr, op, "m_indptr", "int32")
+    m_indptr = _index_array(be, m_indptr, op, "m_indptr", 0)
     if out is None:
         if b_packed and n is None:
             raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
-        out = be.empty((int(a.shape[0]), int(n) if b_packed else int(b.shape[1])), dtype_name(out_dtype, op, "out_dtype"))
+        if not b_packed and (not hasattr(b, "shape") or len(b.shape) != 3):
+            raise ValueError(f"{op}: argument 'b': expected [groups, N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
+        out = be.empty((int(a.shape[0]), check_int(n, op, "n", 0) if b_packed else int(b.shape[1])),
+                       dtype_name(out_dtype, op, "out_dtype"))
     ov, odt = c_view(out, op, "out")
-    pad = _choice(group_pad, _PADS, "group_pad", op) if a_scale_layout == "blocked128x4" else _C.GroupPad.none
+    pad = _choice(group_pad, _PADS, "group_pad", op)  # checked even when the layout does not use it
+    akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
+    if akind != _KINDS["blocked128x4"]:
+        pad = _C.GroupPad.none
     with be.guard():
-        _C.group_gemm_mxfp4(av, adt, None if aname == "bfloat16" else _cb(a_scale, op, "a_scale"),
-                            _choice(a_scale_layout, _KINDS, "a_scale_layout", op), pad, _cb(b, op, "b"),
+        # a_scale is passed whatever a's dtype: bf16 activations with scales are refused, not ignored
+        _C.group_gemm_mxfp4(av, adt, None if a_scale is None else _cb(a_scale, op, "a_scale"),
+                            akind, pad, _cb(b, op, "b"),
                             _cb(b_scale, op, "b_scale"), _choice(b_scale_layout, _KINDS, "b_scale_layout", op),
                             c_view(m_indptr, op, "m_indptr")[0], ov, odt, b_packed=bool(b_packed),
                             stream=be.stream())
@@ -212,20 +264,24 @@ def gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b
     ``packed=True``: w1 / w1_scale and w2 / w2_scale are group_gemm_mxfp4_prepack outputs
     (of the row-major scales)."""
     op = "gpt_oss_moe_mlp"
+    for arg, v in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1), ("w1_scale", w1_scale),
+                   ("b1", b1), ("w2", w2), ("w2_scale", w2_scale), ("b2", b2)):
+        _required(v, op, arg)
     _writable(out, op)
     x = as_array(x, op, "x")
-    be = Backend(x)
+    be = Backend(x, op, "x")
+    alpha, limit = check_float(alpha, op, "alpha"), check_float(limit, op, "limit")
     xv, xdt = c_view(x, op, "x")
     b1 = as_array(b1, op, "b1")
     b2 = as_array(b2, op, "b2")
     b1v, b1dt = c_view(b1, op, "b1")
     b2v, b2dt = c_view(b2, op, "b2")
     if out is None:
-        out = be.empty(tuple(int(s) for s in x.shape), dtype_name(out_dtype or x.dtype, op, "out_dtype"))
+        out = be.empty(tuple(int(s) for s in x.shape), dtype_name(x.dtype if out_dtype is None else out_dtype, op, "out_dtype"))
     ov, odt = c_view(out, op, "out")
     acts = {"bf16": _C.ActQuant.bf16, "mxfp8": _C.ActQuant.mxfp8}
     with be.guard():
-        _C.gpt_oss_moe_mlp(xv, xdt, c_view(be.adopt(topk_ids, op, "topk_ids", "int32"), op, "topk_ids")[0],
+        _C.gpt_oss_moe_mlp(xv, xdt, c_view(_ids_int32(be, topk_ids, op), op, "topk_ids")[0],
                            c_view(be.adopt(topk_weights, op, "topk_weights", "float32"), op, "topk_weights")[0],
                            _cb(w1, op, "w1"), _cb(w1_scale, op, "w1_scale"), b1v, b1dt, _cb(w2, op, "w2"),
                            _cb(w2_scale, op, "w2_scale"), b2v, b2dt, float(alpha), float(limit),

@@ -15,8 +15,9 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from . import _C
-from ._arrays import Backend, as_array, array_dtype_name, c_export, c_view, dtype_name, is_torch, same_backend
-from ._formats import GROUP_PADS, LAYOUTS, Format, Quantized, group_pad_kind, layout_kind
+from ._arrays import (INT32_MAX, INT32_MIN, Backend, as_array, array_dtype_name, c_export, c_view, check_float,
+                      check_int, check_writable, contiguous, dtype_name, is_contiguous, is_torch, same_backend)
+from ._formats import GROUP_PADS, LAYOUTS, Format, Quantized, check_shape, group_pad_kind, layout_kind
 
 _PAD_NONE = _C.GroupPad.none
 
@@ -76,13 +77,32 @@ def _scale_storage_shape(f: Format, layout: str, row_align, group_pad, L: int, M
         return _scale_storage_shape_cached.__wrapped__(f, layout, row_align, group_pad, L, M, K, groups, batched)
 
 
+def _row_align(row_align, op: str) -> int:
+    return check_int(row_align, op, "row_align", INT32_MIN, INT32_MAX)
+
+
+def _index_order(a, shapes):
+    """`a` with its element order equal to its index order when its shape is one of `shapes`
+    (the stored shapes whose indices are known: [L, rows, cols] / [rows, cols]): a row-major copy
+    of a Fortran-ordered or transposed array. Other shapes are passed as they are (the C++ API
+    accepts only the documented views and refuses the rest)."""
+    if a is None or not hasattr(a, "shape") or is_contiguous(a):
+        return a
+    return contiguous(a) if tuple(int(d) for d in a.shape) in shapes else a
+
+
 def _indptr(be: Backend, m_indptr, op: str):
     if m_indptr is None:
         return None, 0
     if is_torch(m_indptr) or hasattr(m_indptr, "dtype"):
         arr = m_indptr
+        if not hasattr(arr, "ndim"):  # a NumPy scalar
+            arr = np.asarray(arr)
+    elif isinstance(m_indptr, (list, tuple)):
+        arr = be.index_values(m_indptr, op, "m_indptr", "int64")
     else:
-        arr = be.from_values(m_indptr, "int64")
+        raise ValueError(f"{op}: argument 'm_indptr': expected an integer array or a list of integers, "
+                         f"got {type(m_indptr).__name__}")
     if arr.ndim != 1 or arr.shape[0] < 2:
         raise ValueError(f"{op}: argument 'm_indptr': expected a 1-D array of G+1 >= 2 boundaries, "
                          f"got shape {tuple(arr.shape)}")
@@ -98,14 +118,16 @@ def scale_shape(fmt, layout: str = "row_major", L: int = 1, M: int = 1, K: int =
     round_up(M, 8)), cols = K/block (blocked: round_up(K/block, 4)); col_major gives
     ``(L, K/block, round_up(M, row_align))``. ``groups > 0`` selects the grouped (MoE)
     blocked128x4 layout: ``(1, rows to allocate, cols)``."""
+    op = "scale_shape"
     f = Format.of(fmt, **fmt_kwargs)
-    kind = layout_kind(layout, "scale_shape")
-    pad = group_pad_kind(group_pad, groups > 0, "scale_shape")
-    return tuple(_C.scale_shape(*f.c_args(), kind, int(row_align), pad, int(L), int(M), int(K), int(groups)))
+    kind = layout_kind(layout, op)
+    L, M, K, groups = (check_int(v, op, a, 0) for v, a in ((L, "L"), (M, "M"), (K, "K"), (groups, "groups")))
+    pad = group_pad_kind(group_pad, groups > 0, op)
+    return tuple(_C.scale_shape(*f.c_args(), kind, _row_align(row_align, op), pad, L, M, K, groups))
 
 
 def quantize(x, fmt="mxfp8_e4m3", layout: str = "row_major", *, row_align: int = 1, m_indptr=None,
-             group_pad: str = "flashinfer", global_amax=None, compute_global_amax: bool = False,
+             group_pad: str = "flashinfer", global_amax=None, compute_global_amax: Optional[bool] = None,
              **fmt_kwargs) -> Quantized:
     """Block-quantize the last dimension of ``x`` ([M, K] or [L, M, K], float32 / float16 /
     bfloat16, last dimension contiguous).
@@ -124,17 +146,26 @@ def quantize(x, fmt="mxfp8_e4m3", layout: str = "row_major", *, row_align: int =
     "blocked8x4". With ``m_indptr`` (int [G+1] row boundaries of MoE groups) the blocked128x4
     scales of each group start on a 128-row tile (``group_pad`` "flashinfer" or "cumsum").
 
-    NVFP4: ``global_amax`` (a float or a float32 [1] array) sets the per-tensor scale;
-    ``compute_global_amax=True`` writes amax(|x|) into it first (allocated when not given).
+    NVFP4: the per-tensor scale comes from the tensor's amax. By default (``global_amax`` not
+    given, ``compute_global_amax`` left at None) amax(|x|) is computed into a new float32 [1]
+    array, returned as ``Quantized.global_amax`` (dequantize uses it). ``global_amax`` (a float
+    >= 0 or a float32 [1] array) gives it instead; ``compute_global_amax=True`` writes amax(|x|)
+    into the given array first; ``compute_global_amax=False`` without ``global_amax`` uses no
+    per-tensor scale (S_enc = 1: small tensors, e.g. std 0.002, then lose most of their
+    precision to E4M3 block-scale underflow).
 
     Returns lowbit.Quantized(data, scales, zeros, global_amax, format, layout, shape)."""
     op = "quantize"
     x = as_array(x, op, "x")
     f = Format.of(fmt, **fmt_kwargs)
+    if compute_global_amax is None:  # NVFP4 without a given amax: compute it
+        compute_global_amax = f.has_global_scale and global_amax is None
+    elif not isinstance(compute_global_amax, (bool, np.bool_)):
+        raise ValueError(f"{op}: argument 'compute_global_amax': expected a bool, got {compute_global_amax!r}")
     q, scales, zeros, gam, ind = _quantize(x, f, layout, row_align, m_indptr, group_pad, global_amax,
                                            compute_global_amax)
-    return Quantized._from_parts(q, scales, zeros, gam, f, layout, tuple(int(s) for s in x.shape), int(row_align),
-                                 group_pad if ind is not None else None, ind)
+    return Quantized._from_parts(q, scales, zeros, gam, f, layout, tuple(int(s) for s in x.shape),
+                                 _row_align(row_align, op), group_pad if ind is not None else None, ind)
 
 
 def _quantize(x, f: Format, layout: str, row_align=1, m_indptr=None, group_pad="flashinfer", global_amax=None,
@@ -142,16 +173,26 @@ def _quantize(x, f: Format, layout: str, row_align=1, m_indptr=None, group_pad="
     """quantize() after as_array and Format.of: (q, scales, zeros, global_amax, m_indptr)."""
     op = "quantize"
     kind = layout_kind(layout, op)
-    be = Backend(x)
+    be = Backend(x, op, "x")
     L, M, K = _check_mat(x, op, "x")
     _check_block(f, K, op, "x")
+    row_align = _row_align(row_align, op)
     if m_indptr is None:
+        group_pad_kind(group_pad, False, op)  # checked even when not used
         ind, groups, pad, gpad = None, 0, _PAD_NONE, None
     else:
         ind, groups = _indptr(be, m_indptr, op)
         same_backend(x, ind, op, "m_indptr")
         pad = group_pad_kind(group_pad, True, op)
         gpad = group_pad
+    if global_amax is not None:
+        if not hasattr(global_amax, "shape"):  # a Python number
+            v = check_float(global_amax, op, "global_amax")
+            if not v >= 0:
+                raise ValueError(f"{op}: argument 'global_amax': the per-tensor amax must be >= 0 and not NaN, "
+                                 f"got {global_amax!r}")
+        elif compute_global_amax:
+            check_writable(global_amax, op, "global_amax")
     batched = len(x.shape) == 3
     q = be.empty((L, M, K // 2 if f.packed else K) if batched else (M, K // 2 if f.packed else K), f.code_dtype)
     sshape = _scale_storage_shape(f, layout, row_align, gpad, L, M, K, groups, batched)
@@ -167,7 +208,7 @@ def _quantize(x, f: Format, layout: str, row_align=1, m_indptr=None, group_pad="
     qv, qdt = c_view(q, op, "q")
     sv, sdt = c_view(scales, op, "scales")
     with be.guard():
-        _C.quantize(xv, xdt, qv, qdt, sv, sdt, *f.c_args(), kind, int(row_align), pad,
+        _C.quantize(xv, xdt, qv, qdt, sv, sdt, *f.c_args(), kind, row_align, pad,
                     None if zeros is None else c_view(zeros, op, "zeros")[0],
                     None if gam is None else c_view(gam, op, "global_amax")[0],
                     bool(compute_global_amax),
@@ -187,23 +228,49 @@ def dequantize(qt: Quantized, out_dtype="float32") -> object:
         raise ValueError(f"{op}: argument 'qt': expected a lowbit.Quantized, got {type(qt).__name__}")
     f = qt.format
     out_name = dtype_name(out_dtype, op, "out_dtype")
-    be = Backend(qt.data)
-    for arg in ("scales", "zeros", "global_amax", "m_indptr"):
+    for arg in ("data", "scales"):
+        if not (isinstance(getattr(qt, arg), np.ndarray) or is_torch(getattr(qt, arg))):
+            raise ValueError(f"{op}: argument '{arg}': expected a NumPy array or a torch tensor, "
+                             f"got {type(getattr(qt, arg)).__name__}")
+    be = Backend(qt.data, op, "qt")
+    for arg in ("scales", "zeros", "global_amax"):
         same_backend(qt.data, getattr(qt, arg), op, arg)
-    if len(qt.shape) not in (2, 3):
+    shape = check_shape(qt.shape, op)
+    if len(shape) not in (2, 3):
         raise ValueError(f"{op}: argument 'qt': expected a 2-D or 3-D shape, got {qt.shape}")
-    out = be.empty(qt.shape, out_name)
     kind = layout_kind(qt.layout, op)
-    pad = group_pad_kind(qt.group_pad, qt.m_indptr is not None, op)
+    row_align = _row_align(qt.row_align, op)
+    ind, groups = _indptr(be, qt.m_indptr, op)
+    same_backend(qt.data, ind, op, "m_indptr")
+    pad = group_pad_kind(qt.group_pad, ind is not None, op)
+    gam = qt.global_amax
+    if gam is not None and not hasattr(gam, "shape"):
+        v = check_float(gam, op, "global_amax")
+        if v < 0:
+            raise ValueError(f"{op}: argument 'global_amax': the per-tensor amax must be >= 0, got {gam!r}")
+    # scales / zeros of the stored shape are read by index (a Fortran-ordered copy is reordered)
+    scales, zeros = qt.scales, qt.zeros
+    if not is_contiguous(scales) or (zeros is not None and hasattr(zeros, "shape") and not is_contiguous(zeros)):
+        L, M, K = (1,) + shape if len(shape) == 2 else shape
+        stored = None
+        if K % f.block == 0:
+            try:
+                stored = _scale_storage_shape(f, qt.layout, row_align, qt.group_pad if ind is not None else None,
+                                              L, M, K, groups, True)
+            except ValueError:  # reported by the C++ checks below
+                stored = None
+        shapes = () if stored is None else (stored, stored[1:]) if stored[0] == 1 else (stored,)
+        scales = _index_order(scales, shapes)
+        zeros = _index_order(zeros, shapes)
+    out = be.empty(shape, out_name)
     qv, qdt = c_view(qt.data, op, "q")
-    sv, sdt = c_view(qt.scales, op, "scales")
+    sv, sdt = c_view(scales, op, "scales")
     ov, odt = c_view(out, op, "out")
     with be.guard():
-        _C.dequantize(qv, qdt, sv, sdt, ov, odt, *f.c_args(), kind, int(qt.row_align), pad,
-                      None if qt.zeros is None else c_view(qt.zeros, op, "zeros")[0],
-                      None if qt.global_amax is None
-                      else c_view(be.adopt(qt.global_amax, op, "global_amax", "float32"), op, "global_amax")[0],
-                      None if qt.m_indptr is None else c_view(qt.m_indptr, op, "m_indptr")[0],
+        _C.dequantize(qv, qdt, sv, sdt, ov, odt, *f.c_args(), kind, row_align, pad,
+                      None if zeros is None else c_view(zeros, op, "zeros")[0],
+                      None if gam is None else c_view(be.adopt(gam, op, "global_amax", "float32"), op, "global_amax")[0],
+                      None if ind is None else c_view(ind, op, "m_indptr")[0],
                       be.stream())
     return out
 
@@ -218,14 +285,19 @@ def transcode(qt: Quantized, out_dtype="float8_e4m3fn"):
         raise ValueError(f"{op}: argument 'qt': expected a lowbit.Quantized, got {type(qt).__name__}")
     f = qt.format
     out_name = dtype_name(out_dtype, op, "out_dtype")
-    be = Backend(qt.data)
-    out = be.empty(qt.shape, out_name)
+    be = Backend(qt.data, op, "qt")
+    out = be.empty(check_shape(qt.shape, op), out_name)
     zeros = qt.zeros
+    if zeros is not None and qt.layout == "row_major" and qt.m_indptr is None and len(qt.shape) in (2, 3):
+        L, M, K = (1,) + tuple(qt.shape) if len(qt.shape) == 2 else tuple(qt.shape)
+        if K % f.block == 0:  # row-major [L?, M, K/block] zero points are read by index
+            zeros = _index_order(zeros, ((L, M, K // f.block), (M, K // f.block)) if L == 1 else ((L, M, K // f.block),))
     if zeros is not None and (qt.layout != "row_major" or qt.m_indptr is not None):
         # transcode takes the zero points row-major [L, M, K/block]
         L, M, K = _check_mat(out, op, "qt")
         zeros = convert_scale_layout(zeros, M, K // f.block, src=qt.layout, dst="row_major", m_indptr=qt.m_indptr,
-                                     src_row_align=qt.row_align, group_pad=qt.group_pad or "flashinfer")
+                                     src_row_align=qt.row_align,
+                                     group_pad="flashinfer" if qt.group_pad is None else qt.group_pad)
     with be.guard():
         _C.transcode(*c_view(qt.data, op, "q"), *c_view(out, op, "out"), *f.c_args(),
                      zeros=None if zeros is None else c_view(zeros, op, "zeros")[0], stream=be.stream())
@@ -241,7 +313,7 @@ def cast(x, dtype="float8_e4m3fn", saturate: bool = True):
     op = "cast"
     x = as_array(x, op, "x")
     out_name = dtype_name(dtype, op, "dtype")
-    be = Backend(x)
+    be = Backend(x, op, "x")
     out = be.empty(x.shape, out_name)
     sat = _C.Saturate.finite if saturate else _C.Saturate.none
     xv, xdt = c_view(x, op, "x")
@@ -281,12 +353,15 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
     elements; the output has the input's dtype and the stored shape of ``dst``."""
     op = "convert_scale_layout"
     scales = as_array(scales, op, "scales", float_default=False)
-    be = Backend(scales)
-    R, C = int(rows), int(cols)
+    be = Backend(scales, op, "scales")
+    R, C = check_int(rows, op, "rows"), check_int(cols, op, "cols")
     if R <= 0 or C <= 0:
-        raise ValueError(f"{op}: argument 'rows': rows and cols must be positive, got {R} x {C}")
+        raise ValueError(f"{op}: argument '{'rows' if R <= 0 else 'cols'}': rows and cols must be positive, "
+                         f"got {R} x {C}")
+    src_row_align, dst_row_align = _row_align(src_row_align, op), _row_align(dst_row_align, op)
     ind, groups = _indptr(be, m_indptr, op)
     same_backend(scales, ind, op, "m_indptr")
+    group_pad_kind(group_pad, False, op)  # checked even when not used
     sk, dk = layout_kind(src, op, "src"), layout_kind(dst, op, "dst")
     spad = dpad = _PAD_NONE
     spn = dpn = None  # GROUP_PADS names of spad / dpad
@@ -301,24 +376,51 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
     numel = 1
     for d in scales.shape:
         numel *= int(d)
+    try:
+        per = _layout_storage(src, src_row_align, spn, 1, R, C, groups)
+        _layout_storage(dst, dst_row_align, dpn, 1, R, C, groups)
+    except ValueError as e:  # sizes that overflow: name this function's arguments
+        raise _renamed(e, "scale_shape", op, {"M": "rows", "K": "cols", "groups": "m_indptr"}) from None
     if spn is None:
-        per = _layout_storage(src, src_row_align, None, 1, R, C, 0)
         size = per[1] * per[2]
+        # the stored [rows, cols] matrices are read by index (a Fortran-ordered copy is reordered)
+        if numel % size == 0:
+            scales = _index_order(scales, ((numel // size,) + per[1:], per[1:]) if numel == size
+                                  else ((numel // size,) + per[1:],))
         if numel % size:
             raise ValueError(f"{op}: argument 'scales': {numel} elements are not a whole number of {R} x {C} "
                              f"matrices in layout {src}")
         L = numel // size
     else:
         L = 1
+        # grouped [rows, Cp] storage (any number of whole rows) is read by index too
+        if scales.ndim == 2 and int(scales.shape[1]) == per[2]:
+            scales = _index_order(scales, (tuple(int(d) for d in scales.shape),))
     batched = scales.ndim == 3 or L > 1
-    oshape = _layout_storage(dst, dst_row_align, dpn, L, R, C, groups)
+    try:
+        oshape = _layout_storage(dst, dst_row_align, dpn, L, R, C, groups)
+    except ValueError as e:
+        raise _renamed(e, "scale_shape", op, {"L": "scales", "M": "rows", "K": "cols"}) from None
     out = be.empty(oshape if batched else oshape[1:], name)
-    iv = c_view(scales, op, "in")[0]
+    iv = c_view(scales, op, "scales")[0]
     ov, odt = c_view(out, op, "out")
-    with be.guard():
-        _C.convert_scale_layout(iv, ov, odt, sk, int(src_row_align), spad, dk, int(dst_row_align), dpad, R, C,
-                                None if ind is None else c_view(ind, op, "m_indptr")[0], be.stream())
+    try:
+        with be.guard():
+            _C.convert_scale_layout(iv, ov, odt, sk, src_row_align, spad, dk, dst_row_align, dpad, R, C,
+                                    None if ind is None else c_view(ind, op, "m_indptr")[0], be.stream())
+    except ValueError as e:  # the C++ names (in, R, C) as this function's arguments
+        raise _renamed(e, op, op, {"in": "scales", "R": "rows", "C": "cols"}) from None
     return out
+
+
+def _renamed(e: ValueError, cop: str, op: str, names: dict) -> ValueError:
+    """`e` (raised by _C op `cop`) as an error of `op` naming its own arguments (`names`: C++
+    argument -> Python argument)."""
+    msg = str(e)
+    for cname, pname in names.items():
+        if msg.startswith(f"{cop}: argument '{cname}'"):
+            return ValueError(f"{op}: argument '{pname}'" + msg[len(f"{cop}: argument '{cname}'"):])
+    return e
 
 
 def tensor_amax(x):
@@ -326,7 +428,7 @@ def tensor_amax(x):
     (NaN and +-Inf are ignored, 0 if there is none): the NVFP4 global amax."""
     op = "tensor_amax"
     x = as_array(x, op, "x")
-    be = Backend(x)
+    be = Backend(x, op, "x")
     out = be.empty((1,), "float32")
     with be.guard():
         _C.tensor_amax(*c_view(x, op, "x"), c_view(out, op, "out")[0], stream=be.stream())
@@ -353,7 +455,7 @@ def nf4_kcache_quantize(k, residual_dtype="float8_e5m2", nibble_order: str = "lo
     if D % 2:
         raise ValueError(f"{op}: argument 'k': head dim D = {D} must be even (two NF4 codes per byte)")
     rname = dtype_name(residual_dtype, op, "residual_dtype")
-    be = Backend(k)
+    be = Backend(k, op, "k")
     codes = be.empty((B, T, H, D // 2), "uint8")
     scale = be.empty((B, H, D), "float32")
     residual = be.empty((B, T, H, D), rname)
@@ -369,12 +471,14 @@ def nf4_kcache_dequantize(codes, scale, residual=None, out_dtype="float32", nibb
     op = "nf4_kcache_dequantize"
     codes = as_array(codes, op, "codes", float_default=False)
     scale = as_array(scale, op, "scale")
+    if residual is not None:
+        residual = as_array(residual, op, "residual", float_default=False)
     same_backend(codes, scale, op, "scale")
     same_backend(codes, residual, op, "residual")
     if codes.ndim != 4:
         raise ValueError(f"{op}: argument 'codes': expected [B, T, H, D/2], got shape {tuple(codes.shape)}")
     B, T, H, D2 = (int(s) for s in codes.shape)
-    be = Backend(codes)
+    be = Backend(codes, op, "codes")
     out = be.empty((B, T, H, 2 * D2), dtype_name(out_dtype, op, "out_dtype"))
     rv, rdt = (None, _C.DType.float8_e5m2) if residual is None else c_view(residual, op, "residual")
     with be.guard():

@@ -76,7 +76,9 @@ def quantize(x: Tensor, fmt: str, layout: str = "row_major", block: int = 0, rou
              scale_dtype: str = "", nibble_order: str = "low", zero_scale: str = "", eps: float = 1e-10,
              row_align: int = 1) -> Tuple[Tensor, Tensor, Tensor]:
     f = _fmt(fmt, block, rounding, scale_dtype, nibble_order, zero_scale, eps)
-    qt = _ops.quantize(x, f, layout, row_align=row_align)
+    # no per-tensor amax here: the op returns no global_amax, so NVFP4 keeps S_enc = 1 (the
+    # result must decode with torch.ops.lowbit.dequantize(..., global_amax=None))
+    qt = _ops.quantize(x, f, layout, row_align=row_align, compute_global_amax=False)
     zeros = qt.zeros if qt.zeros is not None else x.new_empty((0,), dtype=torch.uint8)
     return qt.data, qt.scales, zeros
 

@@ -31,7 +31,8 @@ namespace {
 using Array = nb::ndarray<nb::ro>;  // any dtype, any device, read-only accepted
 using OptArray = std::optional<Array>;
 
-lowbit::TensorView to_view(const Array& a, lowbit::DType t, const char* op, const char* arg) {
+template <typename Arr>
+lowbit::TensorView to_view(const Arr& a, lowbit::DType t, const char* op, const char* arg) {
   lowbit::TensorView v;
   const auto dt = a.dtype();
   const int64_t item_bits = int64_t(dt.bits) * int64_t(dt.lanes);
@@ -41,7 +42,11 @@ lowbit::TensorView to_view(const Array& a, lowbit::DType t, const char* op, cons
                                     " bits) does not match the declared dtype " + lowbit::dtype_name(t));
   if (a.ndim() > size_t(lowbit::kMaxDims))
     throw lowbit::ArgumentError(op, arg, "has more than 8 dimensions");
-  v.data = const_cast<void*>(a.data());
+  if (dt.code == uint8_t(nb::dlpack::dtype_code::Bool) || dt.code == uint8_t(nb::dlpack::dtype_code::Complex))
+    throw lowbit::ArgumentError(op, arg,
+                                std::string("a ") + (dt.code == uint8_t(nb::dlpack::dtype_code::Bool) ? "bool" : "complex") +
+                                    " array is not " + lowbit::dtype_name(t) + " data");
+  v.data = const_cast<void*>(static_cast<const void*>(a.data()));
   v.dtype = t;
   v.ndim = int32_t(a.ndim());
   for (size_t d = 0; d < a.ndim(); ++d) {
@@ -62,7 +67,8 @@ lowbit::TensorView to_view(const Array& a, lowbit::DType t, const char* op, cons
 }
 
 /// The lowbit dtype of an array from its DLPack type (for arguments of standard dtypes).
-lowbit::DType infer_dtype(const Array& a, const char* op, const char* arg) {
+template <typename Arr>
+lowbit::DType infer_dtype(const Arr& a, const char* op, const char* arg) {
   const auto dt = a.dtype();
   lowbit::DType t;
   if (!lowbit::from_dlpack({dt.code, dt.bits, dt.lanes}, &t))
@@ -75,6 +81,45 @@ lowbit::DType infer_dtype(const Array& a, const char* op, const char* arg) {
 lowbit::TensorView opt_view(const OptArray& a, const char* op, const char* arg) {
   if (!a) return {};
   return to_view(*a, infer_dtype(*a, op, arg), op, arg);
+}
+
+/// An array the call writes. Outputs are taken as plain objects and converted here, so that a
+/// read-only array (a read-only NumPy array or np.memmap, a DLPack export flagged read-only) is
+/// refused with an ArgumentError naming the argument instead of being written (or faulting).
+/// The holder keeps the converted array alive for the call; None gives an absent view.
+struct Out {
+  nb::ndarray<> arr;
+  lowbit::TensorView v;
+};
+
+Out out_array(nb::handle h, std::optional<lowbit::DType> t, const char* op, const char* arg) {
+  Out o;
+  if (h.is_none()) return o;
+  if (!nb::try_cast(h, o.arr, false)) {
+    Array ro;
+    if (nb::try_cast(h, ro, false))
+      throw lowbit::ArgumentError(op, arg, "is read-only: an output must be a writable array");
+    throw lowbit::ArgumentError(op, arg,
+                                std::string("expected an array (DLPack or buffer protocol), got ") + nb::inst_name(h).c_str());
+  }
+  o.v = to_view(o.arr, t ? *t : infer_dtype(o.arr, op, arg), op, arg);
+  return o;
+}
+
+/// An array the call only reads, given as a plain object (None: absent).
+struct In {
+  Array arr;
+  lowbit::TensorView v;
+};
+
+In in_array(nb::handle h, const char* op, const char* arg) {
+  In i;
+  if (h.is_none()) return i;
+  if (!nb::try_cast(h, i.arr, false))
+    throw lowbit::ArgumentError(op, arg,
+                                std::string("expected an array (DLPack or buffer protocol), got ") + nb::inst_name(h).c_str());
+  i.v = to_view(i.arr, infer_dtype(i.arr, op, arg), op, arg);
+  return i;
 }
 
 lowbit::BlockFormat make_format(lowbit::Elem elem, int32_t block, lowbit::ScaleType scale_type, lowbit::ScaleRule rule,
@@ -200,17 +245,27 @@ NB_MODULE(_C, m) {
   // --- ops -------------------------------------------------------------------------------------
   m.def(
       "quantize",
-      [](const Array& x, lowbit::DType x_dtype, const Array& q, lowbit::DType q_dtype, const Array& scales,
+      [](const Array& x, lowbit::DType x_dtype, nb::handle q, lowbit::DType q_dtype, nb::handle scales,
          lowbit::DType scales_dtype, lowbit::Elem elem, int32_t block, lowbit::ScaleType st, lowbit::ScaleRule rule,
          lowbit::NibbleOrder nib, lowbit::ZeroScale zs, float eps, lowbit::ScaleLayoutKind kind, int32_t row_align,
-         lowbit::GroupPad pad, const OptArray& zeros, const OptArray& global_amax, bool compute_global_amax,
+         lowbit::GroupPad pad, nb::handle zeros, nb::handle global_amax, bool compute_global_amax,
          const OptArray& m_indptr, uintptr_t stream) {
         const char* op = "quantize";
-        const lowbit::TensorView xv = to_view(x, x_dtype, op, "x"), qv = to_view(q, q_dtype, op, "q"),
-                                 sv = to_view(scales, scales_dtype, op, "scales");
+        const lowbit::TensorView xv = to_view(x, x_dtype, op, "x");
+        const Out qo = out_array(q, q_dtype, op, "q"), so = out_array(scales, scales_dtype, op, "scales");
+        const Out zo = out_array(zeros, std::nullopt, op, "zeros");
+        Out go;  // written when compute_global_amax
+        In gi;
         lowbit::QuantArgs args;
-        args.zeros = opt_view(zeros, op, "zeros");
-        args.global_amax = opt_view(global_amax, op, "global_amax");
+        if (compute_global_amax) {
+          go = out_array(global_amax, std::nullopt, op, "global_amax");
+          args.global_amax = go.v;
+        } else {
+          gi = in_array(global_amax, op, "global_amax");
+          args.global_amax = gi.v;
+        }
+        const lowbit::TensorView qv = qo.v, sv = so.v;
+        args.zeros = zo.v;
         args.compute_global_amax = compute_global_amax;
         args.m_indptr = opt_view(m_indptr, op, "m_indptr");
         const auto f = make_format(elem, block, st, rule, nib, zs, eps);
@@ -219,20 +274,21 @@ NB_MODULE(_C, m) {
         lowbit::quantize(xv, f, l, qv, sv, args, make_stream(stream));
       },
       "x"_a, "x_dtype"_a, "q"_a, "q_dtype"_a, "scales"_a, "scales_dtype"_a, "elem"_a, "block"_a, "scale_type"_a, "rule"_a,
-      "nibbles"_a, "zero_scale"_a, "eps"_a, "layout"_a, "row_align"_a, "group_pad"_a, "zeros"_a.none() = nb::none(),
-      "global_amax"_a.none() = nb::none(), "compute_global_amax"_a = false, "m_indptr"_a.none() = nb::none(),
+      "nibbles"_a, "zero_scale"_a, "eps"_a, "layout"_a, "row_align"_a, "group_pad"_a, "zeros"_a = nb::none(),
+      "global_amax"_a = nb::none(), "compute_global_amax"_a = false, "m_indptr"_a.none() = nb::none(),
       "stream"_a = 0, "q, scales (, zeros) = quantize(x) into caller-allocated outputs (lowbit::quantize).");
 
   m.def(
       "dequantize",
-      [](const Array& q, lowbit::DType q_dtype, const Array& scales, lowbit::DType scales_dtype, const Array& out,
+      [](const Array& q, lowbit::DType q_dtype, const Array& scales, lowbit::DType scales_dtype, nb::handle out,
          lowbit::DType out_dtype, lowbit::Elem elem, int32_t block, lowbit::ScaleType st, lowbit::ScaleRule rule,
          lowbit::NibbleOrder nib, lowbit::ZeroScale zs, float eps, lowbit::ScaleLayoutKind kind, int32_t row_align,
          lowbit::GroupPad pad, const OptArray& zeros, const OptArray& global_amax, const OptArray& m_indptr,
          uintptr_t stream) {
         const char* op = "dequantize";
-        const lowbit::TensorView qv = to_view(q, q_dtype, op, "q"), sv = to_view(scales, scales_dtype, op, "scales"),
-                                 ov = to_view(out, out_dtype, op, "out");
+        const lowbit::TensorView qv = to_view(q, q_dtype, op, "q"), sv = to_view(scales, scales_dtype, op, "scales");
+        const Out oo = out_array(out, out_dtype, op, "out");
+        const lowbit::TensorView ov = oo.v;
         lowbit::QuantArgs args;
         args.zeros = opt_view(zeros, op, "zeros");
         args.global_amax = opt_view(global_amax, op, "global_amax");
@@ -249,11 +305,12 @@ NB_MODULE(_C, m) {
 
   m.def(
       "transcode",
-      [](const Array& q, lowbit::DType q_dtype, const Array& out, lowbit::DType out_dtype, lowbit::Elem elem, int32_t block,
+      [](const Array& q, lowbit::DType q_dtype, nb::handle out, lowbit::DType out_dtype, lowbit::Elem elem, int32_t block,
          lowbit::ScaleType st, lowbit::ScaleRule rule, lowbit::NibbleOrder nib, lowbit::ZeroScale zs, float eps,
          const OptArray& zeros, uintptr_t stream) {
         const char* op = "transcode";
-        const lowbit::TensorView qv = to_view(q, q_dtype, op, "q"), ov = to_view(out, out_dtype, op, "out");
+        const Out oo = out_array(out, out_dtype, op, "out");
+        const lowbit::TensorView qv = to_view(q, q_dtype, op, "q"), ov = oo.v;
         lowbit::QuantArgs args;
         args.zeros = opt_view(zeros, op, "zeros");
         const auto f = make_format(elem, block, st, rule, nib, zs, eps);
@@ -266,9 +323,10 @@ NB_MODULE(_C, m) {
 
   m.def(
       "cast",
-      [](const Array& x, lowbit::DType x_dtype, const Array& out, lowbit::DType out_dtype, lowbit::Saturate sat,
+      [](const Array& x, lowbit::DType x_dtype, nb::handle out, lowbit::DType out_dtype, lowbit::Saturate sat,
          uintptr_t stream) {
-        const lowbit::TensorView xv = to_view(x, x_dtype, "cast", "x"), ov = to_view(out, out_dtype, "cast", "out");
+        const Out oo = out_array(out, out_dtype, "cast", "out");
+        const lowbit::TensorView xv = to_view(x, x_dtype, "cast", "x"), ov = oo.v;
         nb::gil_scoped_release release;
         lowbit::cast(xv, ov, sat, make_stream(stream));
       },
@@ -276,11 +334,12 @@ NB_MODULE(_C, m) {
 
   m.def(
       "convert_scale_layout",
-      [](const Array& in, const Array& out, lowbit::DType dtype, lowbit::ScaleLayoutKind src, int32_t src_row_align,
+      [](const Array& in, nb::handle out, lowbit::DType dtype, lowbit::ScaleLayoutKind src, int32_t src_row_align,
          lowbit::GroupPad src_pad, lowbit::ScaleLayoutKind dst, int32_t dst_row_align, lowbit::GroupPad dst_pad, int64_t R,
          int64_t C, const OptArray& m_indptr, uintptr_t stream) {
         const char* op = "convert_scale_layout";
-        const lowbit::TensorView iv = to_view(in, dtype, op, "in"), ov = to_view(out, dtype, op, "out");
+        const Out oo = out_array(out, dtype, op, "out");
+        const lowbit::TensorView iv = to_view(in, dtype, op, "in"), ov = oo.v;
         const lowbit::TensorView mv = opt_view(m_indptr, op, "m_indptr");
         const auto from = make_layout(src, src_row_align, src_pad), to = make_layout(dst, dst_row_align, dst_pad);
         nb::gil_scoped_release release;
@@ -292,9 +351,10 @@ NB_MODULE(_C, m) {
 
   m.def(
       "tensor_amax",
-      [](const Array& x, lowbit::DType x_dtype, const Array& out, uintptr_t stream) {
+      [](const Array& x, lowbit::DType x_dtype, nb::handle out, uintptr_t stream) {
         const lowbit::TensorView xv = to_view(x, x_dtype, "tensor_amax", "x");
-        const lowbit::TensorView ov = to_view(out, lowbit::DType::kFloat32, "tensor_amax", "out");
+        const Out oo = out_array(out, lowbit::DType::kFloat32, "tensor_amax", "out");
+        const lowbit::TensorView ov = oo.v;
         nb::gil_scoped_release release;
         lowbit::tensor_amax(xv, ov, make_stream(stream));
       },
@@ -302,12 +362,13 @@ NB_MODULE(_C, m) {
 
   m.def(
       "nf4_kcache_quantize",
-      [](const Array& k, lowbit::DType k_dtype, const Array& codes, const Array& scale, const Array& residual,
+      [](const Array& k, lowbit::DType k_dtype, nb::handle codes, nb::handle scale, nb::handle residual,
          lowbit::DType residual_dtype, lowbit::NibbleOrder nib, uintptr_t stream) {
         const char* op = "nf4_kcache_quantize";
-        const lowbit::TensorView kv = to_view(k, k_dtype, op, "k"), cv = to_view(codes, lowbit::DType::kUInt8, op, "codes"),
-                                 sv = to_view(scale, lowbit::DType::kFloat32, op, "scale"),
-                                 rv = to_view(residual, residual_dtype, op, "residual");
+        const Out co = out_array(codes, lowbit::DType::kUInt8, op, "codes"),
+                  so = out_array(scale, lowbit::DType::kFloat32, op, "scale"),
+                  ro = out_array(residual, residual_dtype, op, "residual");
+        const lowbit::TensorView kv = to_view(k, k_dtype, op, "k"), cv = co.v, sv = so.v, rv = ro.v;
         nb::gil_scoped_release release;
         lowbit::nf4_kcache_quantize(kv, cv, sv, rv, nib, make_stream(stream));
       },
@@ -316,12 +377,12 @@ NB_MODULE(_C, m) {
 
   m.def(
       "nf4_kcache_dequantize",
-      [](const Array& codes, const Array& scale, const OptArray& residual, lowbit::DType residual_dtype, const Array& out,
+      [](const Array& codes, const Array& scale, const OptArray& residual, lowbit::DType residual_dtype, nb::handle out,
          lowbit::DType out_dtype, lowbit::NibbleOrder nib, uintptr_t stream) {
         const char* op = "nf4_kcache_dequantize";
+        const Out oo = out_array(out, out_dtype, op, "out");
         const lowbit::TensorView cv = to_view(codes, lowbit::DType::kUInt8, op, "codes"),
-                                 sv = to_view(scale, lowbit::DType::kFloat32, op, "scale"),
-                                 ov = to_view(out, out_dtype, op, "out");
+                                 sv = to_view(scale, lowbit::DType::kFloat32, op, "scale"), ov = oo.v;
         const lowbit::TensorView rv = residual ? to_view(*residual, residual_dtype, op, "residual") : lowbit::TensorView{};
         nb::gil_scoped_release release;
         lowbit::nf4_kcache_dequantize(cv, sv, rv, ov, nib, make_stream(stream));
@@ -340,7 +401,7 @@ NB_MODULE(_C, m) {
       "nvfp4_dual_gemm",
       [](const Array& a, const OptArray& b1, const OptArray& b2, const Array& sfa, const OptArray& sfb1,
          const OptArray& sfb2, lowbit::ScaleLayoutKind sf_kind, const OptArray& amax_a, const OptArray& amax_b1,
-         const OptArray& amax_b2, const Array& c, lowbit::DType c_dtype, const OptArray& packed_b, uintptr_t stream) {
+         const OptArray& amax_b2, nb::handle c, lowbit::DType c_dtype, const OptArray& packed_b, uintptr_t stream) {
         const char* op = "nvfp4_dual_gemm_silu";
         lowbit::DualGemmArgs x;
         auto u8 = [&](const OptArray& t, const char* arg) {
@@ -359,7 +420,8 @@ NB_MODULE(_C, m) {
         x.amax_a = opt_view(amax_a, op, "amax_a");
         x.amax_b1 = opt_view(amax_b1, op, "amax_b1");
         x.amax_b2 = opt_view(amax_b2, op, "amax_b2");
-        x.c = to_view(c, c_dtype, op, "c");
+        const Out co = out_array(c, c_dtype, op, "c");
+        x.c = co.v;
         x.packed_b = u8(packed_b, "packed_b");
         nb::gil_scoped_release release;
         lowbit::nvfp4_dual_gemm_silu(x, make_stream(stream));
@@ -372,7 +434,7 @@ NB_MODULE(_C, m) {
   m.def(
       "nvfp4_dual_gemm_prepack",
       [](const Array& b1, const Array& b2, const Array& sfb1, const Array& sfb2, lowbit::ScaleLayoutKind sf_kind,
-         const Array& packed, uintptr_t stream) {
+         nb::handle packed, uintptr_t stream) {
         const char* op = "nvfp4_dual_gemm_prepack";
         lowbit::DualGemmArgs x;
         x.b1 = to_view(b1, lowbit::DType::kUInt8, op, "b1");
@@ -380,7 +442,8 @@ NB_MODULE(_C, m) {
         x.sfb1 = to_view(sfb1, lowbit::DType::kE4M3, op, "sfb1");
         x.sfb2 = to_view(sfb2, lowbit::DType::kE4M3, op, "sfb2");
         x.sf_layout = make_layout(sf_kind, 1, lowbit::GroupPad::kNone);
-        const lowbit::TensorView pv = to_view(packed, lowbit::DType::kUInt8, op, "packed");
+        const Out po = out_array(packed, lowbit::DType::kUInt8, op, "packed");
+        const lowbit::TensorView pv = po.v;
         nb::gil_scoped_release release;
         lowbit::nvfp4_dual_gemm_prepack(x, pv, make_stream(stream));
       },
@@ -391,7 +454,7 @@ NB_MODULE(_C, m) {
       "group_gemm_mxfp4",
       [](const Array& a, lowbit::DType a_dtype, const OptArray& a_scale, lowbit::ScaleLayoutKind a_kind,
          lowbit::GroupPad a_pad, const Array& b, const Array& b_scale, lowbit::ScaleLayoutKind b_kind,
-         const Array& m_indptr, const Array& out, lowbit::DType out_dtype, bool b_packed, uintptr_t stream) {
+         const Array& m_indptr, nb::handle out, lowbit::DType out_dtype, bool b_packed, uintptr_t stream) {
         const char* op = "group_gemm_mxfp4_nt_groupwise";
         lowbit::GroupGemmArgs x;
         x.a = to_view(a, a_dtype, op, "a");
@@ -401,7 +464,8 @@ NB_MODULE(_C, m) {
         x.b_scale = to_view(b_scale, lowbit::DType::kUE8M0, op, "b_scale");
         x.b_scale_layout = make_layout(b_kind, 1, lowbit::GroupPad::kNone);
         x.m_indptr = to_view(m_indptr, infer_dtype(m_indptr, op, "m_indptr"), op, "m_indptr");
-        x.out = to_view(out, out_dtype, op, "out");
+        const Out oo = out_array(out, out_dtype, op, "out");
+        x.out = oo.v;
         x.b_packed = b_packed;
         nb::gil_scoped_release release;
         lowbit::group_gemm_mxfp4_nt_groupwise(x, make_stream(stream));
@@ -412,13 +476,14 @@ NB_MODULE(_C, m) {
 
   m.def(
       "group_gemm_mxfp4_prepack",
-      [](const Array& b, const Array& b_scale, lowbit::ScaleLayoutKind b_kind, const Array& packed_b,
-         const Array& packed_scale, uintptr_t stream) {
+      [](const Array& b, const Array& b_scale, lowbit::ScaleLayoutKind b_kind, nb::handle packed_b,
+         nb::handle packed_scale, uintptr_t stream) {
         const char* op = "group_gemm_mxfp4_prepack";
         const lowbit::TensorView bv = to_view(b, lowbit::DType::kUInt8, op, "b");
         const lowbit::TensorView sv = to_view(b_scale, lowbit::DType::kUE8M0, op, "b_scale");
-        const lowbit::TensorView pb = to_view(packed_b, lowbit::DType::kUInt8, op, "packed_b");
-        const lowbit::TensorView ps = to_view(packed_scale, lowbit::DType::kUE8M0, op, "packed_scale");
+        const Out pbo = out_array(packed_b, lowbit::DType::kUInt8, op, "packed_b"),
+                  pso = out_array(packed_scale, lowbit::DType::kUE8M0, op, "packed_scale");
+        const lowbit::TensorView pb = pbo.v, ps = pso.v;
         nb::gil_scoped_release release;
         lowbit::group_gemm_mxfp4_prepack(bv, sv, make_layout(b_kind, 1, lowbit::GroupPad::kNone), pb, ps,
                                          make_stream(stream));
@@ -430,12 +495,12 @@ NB_MODULE(_C, m) {
       "gpt_oss_moe_mlp",
       [](const Array& x, lowbit::DType x_dtype, const Array& ids, const Array& weights, const Array& w1,
          const Array& w1_scale, const Array& b1, lowbit::DType b1_dtype, const Array& w2, const Array& w2_scale,
-         const Array& b2, lowbit::DType b2_dtype, float alpha, float limit, lowbit::ActQuant act, const Array& out,
+         const Array& b2, lowbit::DType b2_dtype, float alpha, float limit, lowbit::ActQuant act, nb::handle out,
          lowbit::DType out_dtype, bool packed, uintptr_t stream) {
         const char* op = "gpt_oss_moe_mlp";
         lowbit::MoeMlpArgs a;
         a.x = to_view(x, x_dtype, op, "x");
-        a.topk_ids = to_view(ids, lowbit::DType::kInt32, op, "topk_ids");
+        a.topk_ids = to_view(ids, infer_dtype(ids, op, "topk_ids"), op, "topk_ids");
         a.topk_weights = to_view(weights, lowbit::DType::kFloat32, op, "topk_weights");
         a.w1 = to_view(w1, lowbit::DType::kUInt8, op, "w1");
         a.w1_scale = to_view(w1_scale, lowbit::DType::kUE8M0, op, "w1_scale");
@@ -446,7 +511,8 @@ NB_MODULE(_C, m) {
         a.alpha = alpha;
         a.limit = limit;
         a.act = act;
-        a.out = to_view(out, out_dtype, op, "out");
+        const Out oo = out_array(out, out_dtype, op, "out");
+        a.out = oo.v;
         a.packed = packed;
         nb::gil_scoped_release release;
         lowbit::gpt_oss_moe_mlp(a, make_stream(stream));

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/checked.hpp"
 #include "core/plan.hpp"
 #include "lowbit/error.hpp"
 #include "lowbit/ops.hpp"
@@ -33,7 +36,31 @@ struct Checker {
     if (t.ndim > kMaxDims) fail(arg, "has more than 8 dimensions");
     for (int d = 0; d < t.ndim; ++d)
       if (t.shape[d] < 0) fail(arg, "has a negative size: " + t.describe());
+    // sizes: the element count and the byte span the strides address must fit in int64
+    int64_t n = 1;
+    bool empty = false;
+    for (int d = 0; d < t.ndim; ++d) empty = empty || t.shape[d] == 0;
+    if (!empty) {
+      int64_t lo = 0, hi = 0;
+      for (int d = 0; d < t.ndim; ++d) {
+        if (!checked_mul(n, t.shape[d], &n))
+          fail(arg, "has more elements than a 64-bit size can count: " + t.describe());
+        const int64_t st = t.strides[d];
+        int64_t span;
+        if (st == INT64_MIN || !checked_mul(t.shape[d] - 1, st < 0 ? -st : st, &span) ||
+            !checked_add(st < 0 ? lo : hi, span, st < 0 ? &lo : &hi))
+          fail(arg, "its strides address more bytes than a 64-bit size can count: " + t.describe());
+      }
+      int64_t bytes;
+      if (!checked_add(lo, hi, &bytes) || !checked_add(bytes, 1, &bytes) ||
+          !checked_mul(bytes, dtype_bytes(t.dtype), &bytes))
+        fail(arg, "its strides address more bytes than a 64-bit size can count: " + t.describe());
+    }
     if (t.numel() > 0 && t.data == nullptr) fail(arg, "has a null data pointer");
+    if (t.numel() > 0 && reinterpret_cast<uintptr_t>(t.data) % uintptr_t(dtype_bytes(t.dtype)) != 0)
+      fail(arg, "data pointer is not aligned to its " + std::to_string(dtype_bytes(t.dtype)) + "-byte " +
+                    dtype_name(t.dtype) + " elements (required alignment " + std::to_string(dtype_bytes(t.dtype)) +
+                    " bytes; e.g. a view offset by one byte): pass an aligned copy, got " + t.describe());
     if (!have_device) {
       have_device = true;
       dev = t.device;
@@ -64,10 +91,48 @@ struct Checker {
       fail(arg, "the last dimension must be contiguous (stride 1), got " + t.describe());
   }
 
-  void dense(const TensorView& t, const char* arg, int64_t numel) {
-    if (!t.is_dense()) fail(arg, "must be a dense buffer (strides a permutation of a contiguous layout), got " + t.describe());
+  /// Overflow-checked a * b (sizes derived from arguments); the error names `arg`.
+  int64_t mul(const char* arg, int64_t a, int64_t b) const {
+    int64_t r;
+    if (!checked_mul(a, b, &r))
+      fail(arg, "size " + std::to_string(a) + " x " + std::to_string(b) + " overflows a 64-bit integer");
+    return r;
+  }
+
+  /// A buffer of `numel` elements that lowbit addresses through its storage (scales, zero
+  /// points, packed weights). Its element order must be its index order, so that what is read
+  /// is what the caller's indices say: a contiguous (row-major) tensor of any shape, or one of
+  /// the documented views of such storage — the batch-last view [.., L] of (L, ..) storage (the
+  /// GPU MODE [MN, K/16, L] reference scales) and, for 128x4 blocked scales, the 6-D view
+  /// [32, 4, Rp/128, 4, Cp/4, L] (rows_pad / cols_pad: Rp / Cp of one stored matrix). Any other
+  /// strides (a Fortran-ordered or transposed array) are refused rather than misread.
+  void storage(const TensorView& t, const char* arg, int64_t numel, const ScaleLayout* layout = nullptr,
+               int64_t rows_pad = 0, int64_t cols_pad = 0) {
     if (t.numel() != numel)
       fail(arg, "expected " + std::to_string(numel) + " elements for this layout and shape, got " + t.describe());
+    if (t.is_contiguous()) return;
+    if (t.ndim >= 3) {  // batch-last view: the last dimension moved to the front is contiguous
+      TensorView v = t;
+      v.shape[0] = t.shape[t.ndim - 1];
+      v.strides[0] = t.strides[t.ndim - 1];
+      for (int d = 1; d < t.ndim; ++d) {
+        v.shape[d] = t.shape[d - 1];
+        v.strides[d] = t.strides[d - 1];
+      }
+      if (v.is_contiguous()) return;
+    }
+    if (layout != nullptr && layout->kind == ScaleLayoutKind::kBlocked128x4 && layout->group_pad == GroupPad::kNone &&
+        t.ndim == 6 && rows_pad % 128 == 0 && cols_pad % 4 == 0) {
+      const int64_t shp[6] = {32, 4, rows_pad / 128, 4, cols_pad / 4, t.shape[5]};
+      const int64_t str[6] = {16, 4, (cols_pad / 4) * 512, 1, 512, rows_pad * cols_pad};
+      bool ok = true;
+      for (int d = 0; d < 6 && ok; ++d) ok = t.shape[d] == shp[d] && (t.shape[d] == 1 || t.strides[d] == str[d]);
+      if (ok) return;
+    }
+    fail(arg, "must be a dense buffer stored in index order: a row-major (C-contiguous) tensor, the batch-last view [.., L] of one, "
+              "or (128x4 blocked scales) the 6-D view [32, 4, rows/128, 4, cols/4, L]; other strides (e.g. a "
+              "Fortran-ordered or transposed array) would be read in memory order, not by index: pass a contiguous "
+              "copy, got " + t.describe());
   }
 
   /// False when two index tuples of `t` address the same element (a zero stride on a dimension of
@@ -146,7 +211,12 @@ inline void check_layout(const Checker& c, const ScaleLayout& l) {
 }
 
 /// Validates m_indptr (when the layout is grouped) and fills the grouped part of sp.
-inline void check_groups(Checker& c, const ScaleLayout& l, const TensorView& ind, int64_t L, int64_t M, ScalePlan* sp) {
+/// Host boundaries are copied once into *host_copy (as int64) before they are validated, and sp
+/// points at that copy: the computation reads exactly the values that were checked, whatever
+/// another thread does to the caller's array meanwhile. One host_copy may serve several calls
+/// with the same m_indptr (it is filled once).
+inline void check_groups(Checker& c, const ScaleLayout& l, const TensorView& ind, int64_t L, int64_t M, ScalePlan* sp,
+                         std::vector<int64_t>* host_copy) {
   if (l.group_pad == GroupPad::kNone) {
     if (ind.present()) c.fail("m_indptr", "is only used with a grouped (per-group padded) scale layout");
     return;
@@ -160,9 +230,22 @@ inline void check_groups(Checker& c, const ScaleLayout& l, const TensorView& ind
   sp->m_indptr = ind.data;
   sp->indptr64 = ind.dtype == DType::kInt64;
   if (ind.device == Device::kCPU) {  // device-resident boundaries are trusted (no host sync)
+    const size_t n = size_t(ind.shape[0]);
+    if (host_copy->size() != n) {
+      host_copy->assign(n, 0);
+      if (sp->indptr64) {
+        std::memcpy(host_copy->data(), ind.data, n * sizeof(int64_t));
+      } else {
+        std::vector<int32_t> tmp(n);
+        std::memcpy(tmp.data(), ind.data, n * sizeof(int32_t));
+        for (size_t i = 0; i < n; ++i) (*host_copy)[i] = tmp[i];
+      }
+    }
+    sp->m_indptr = host_copy->data();
+    sp->indptr64 = true;
     int64_t prev = 0;
     for (int64_t g = 0; g <= sp->groups; ++g) {
-      const int64_t v = sp->indptr64 ? ind.ptr<int64_t>()[g] : ind.ptr<int32_t>()[g];
+      const int64_t v = (*host_copy)[size_t(g)];
       if ((g == 0 && v != 0) || v < prev)
         c.fail("m_indptr", "must start at 0 and be non-decreasing (element " + std::to_string(g) + " is " +
                                std::to_string(v) + ")");
@@ -173,16 +256,30 @@ inline void check_groups(Checker& c, const ScaleLayout& l, const TensorView& ind
 }
 
 /// Fills sp for L matrices of R x C and checks the scale tensor holds exactly that storage
-/// (grouped layouts: at least the rows the padding rule needs, in whole rows).
+/// (grouped layouts: at least the rows the padding rule needs, in whole rows). Every size is
+/// computed with overflow checks.
 inline void plan_scales(Checker& c, const TensorView& s, const char* arg, const ScaleLayout& l, int64_t L, int64_t R,
                  int64_t C, ScalePlan* sp) {
   sp->layout = l;
   sp->rows = R;
   sp->cols = C;
+  int64_t Cp;
+  if (L < 0 || R < 0 || C < 0) c.fail(arg, "negative scale matrix size");
+  if (!checked_scale_cols_padded(l, C, &Cp))
+    c.fail(arg, "the padded scale columns of " + std::to_string(C) + " overflow a 64-bit integer");
   if (sp->groups > 0) {
-    const int64_t Cp = scale_cols_padded(l, C);
-    const int64_t need = grouped_rows_alloc(l.group_pad, R, sp->groups);
-    if (!s.is_dense()) c.fail(arg, "must be a dense buffer, got " + s.describe());
+    int64_t need;
+    if (!checked_grouped_rows_alloc(l.group_pad, R, sp->groups, &need))
+      c.fail(arg, "the grouped rows for " + std::to_string(R) + " rows in " + std::to_string(sp->groups) +
+                      " groups overflow a 64-bit integer");
+    c.mul(arg, need, Cp);
+    if (!s.is_contiguous()) c.fail(arg, "must be a contiguous (row-major) buffer, got " + s.describe());
+    if (Cp == 0) {  // K = 0: no scale columns
+      if (s.numel() != 0) c.fail(arg, "expected no elements (K = 0), got " + s.describe());
+      sp->rows_pad = need;
+      sp->batch_stride = 0;
+      return;
+    }
     if (s.numel() % Cp != 0 || s.numel() / Cp < need)
       c.fail(arg, "grouped layout needs at least " + std::to_string(need) + " x " + std::to_string(Cp) +
                       " elements (whole rows of " + std::to_string(Cp) + "), got " + s.describe());
@@ -190,9 +287,10 @@ inline void plan_scales(Checker& c, const TensorView& s, const char* arg, const 
     sp->batch_stride = s.numel();
     return;
   }
-  sp->rows_pad = scale_rows_padded(l, R);
-  sp->batch_stride = scale_size_rows(l, sp->rows_pad, C);
-  c.dense(s, arg, L * sp->batch_stride);
+  if (!checked_scale_rows_padded(l, R, &sp->rows_pad))
+    c.fail(arg, "the padded scale rows of " + std::to_string(R) + " overflow a 64-bit integer");
+  sp->batch_stride = c.mul(arg, sp->rows_pad, Cp);
+  c.storage(s, arg, c.mul(arg, L, sp->batch_stride), &l, sp->rows_pad, Cp);
 }
 
 inline void scale_dtype(Checker& c, const TensorView& s, const char* arg, ScaleType t) {

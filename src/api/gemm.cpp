@@ -1,6 +1,8 @@
 // src/api/gemm.cpp: validation and dispatch of the GEMM ops (lowbit/gemm.hpp).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 #include <initializer_list>
 
 #include "api/check.hpp"
@@ -74,6 +76,8 @@ const float* amax_arg(Checker& c, const TensorView& t, const char* arg) {
   c.present(t, arg);
   c.dtype(t, arg, {DType::kFloat32});
   if (t.numel() != 1) c.fail(arg, "expected one element (the per-tensor amax), got " + t.describe());
+  if (t.device == Device::kCPU && *t.ptr<float>() < 0.0f)
+    c.fail(arg, "the per-tensor amax must be >= 0, got " + std::to_string(*t.ptr<float>()));
   return t.ptr<float>();
 }
 
@@ -113,7 +117,12 @@ void plan_dual_weights(Checker& c, const DualGemmArgs& x, DualGemmPlan* p) {
 
 int64_t nvfp4_dual_gemm_packed_bytes(int64_t N, int64_t K, int64_t L) {
   // [L][2N/64 row blocks][K/64 tiles][128 threads x 16 B fragments + 64 rows x 4 E4M3 scales]
-  return L * (2 * N / 64) * (K / 64) * (128 * 16 + 64 * 4);
+  const Checker c{"nvfp4_dual_gemm_packed_bytes"};
+  if (N < 0) c.fail("N", "must be >= 0, got " + std::to_string(N));
+  if (K < 0) c.fail("K", "must be >= 0, got " + std::to_string(K));
+  if (L < 0) c.fail("L", "must be >= 0, got " + std::to_string(L));
+  const int64_t row_blocks = c.mul("N", 2, N) / 64;
+  return c.mul("L", L, c.mul("K", row_blocks, K / 64 * (128 * 16 + 64 * 4)));
 }
 
 void nvfp4_dual_gemm_prepack(const DualGemmArgs& x, const TensorView& packed, Stream stream) {
@@ -122,7 +131,7 @@ void nvfp4_dual_gemm_prepack(const DualGemmArgs& x, const TensorView& packed, St
   plan_dual_weights(c, x, &p);
   c.present(packed, "packed");
   c.dtype(packed, "packed", {DType::kUInt8});
-  c.dense(packed, "packed", nvfp4_dual_gemm_packed_bytes(p.N, p.K, p.L));
+  c.storage(packed, "packed", nvfp4_dual_gemm_packed_bytes(p.N, p.K, p.L));
   c.no_overlap({{"packed", &packed}}, {{"b1", &x.b1}, {"b2", &x.b2}, {"sfb1", &x.sfb1}, {"sfb2", &x.sfb2}});
   if (c.dev != Device::kCUDA) c.fail("packed", "prepacking produces the CUDA kernel's layout: pass CUDA tensors");
   run_on_device(c, [&] { return cuda::nvfp4_dual_gemm_prepack(p, packed.ptr<uint8_t>(), stream.handle); });
@@ -148,7 +157,7 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
     if (p.N % 128 != 0 || p.N == 0) c.fail("c", "N = " + std::to_string(p.N) + " must be a positive multiple of 128");
     c.present(x.packed_b, "packed_b");
     c.dtype(x.packed_b, "packed_b", {DType::kUInt8});
-    c.dense(x.packed_b, "packed_b", nvfp4_dual_gemm_packed_bytes(p.N, K, L));
+    c.storage(x.packed_b, "packed_b", nvfp4_dual_gemm_packed_bytes(p.N, K, L));
     check_dual_sf_layout(c, x.sf_layout);
   } else {
     plan_dual_weights(c, x, &p);
@@ -198,7 +207,9 @@ namespace {
 /// of its scales.
 void check_packed_weights(Checker& c, const TensorView& b, const char* b_arg, const TensorView& s, const char* s_arg,
                           int64_t G, int64_t N, int64_t K, ScalePlan* sp) {
-  const int64_t Np = mxfp4_packed_rows(N), Kp = mxfp4_packed_k(K);
+  int64_t Np, Kp;
+  if (!checked_mxfp4_packed_rows(N, &Np)) c.fail(b_arg, "the packed rows of N = " + std::to_string(N) + " overflow a 64-bit integer");
+  if (!checked_mxfp4_packed_k(K, &Kp)) c.fail(b_arg, "the packed K of K = " + std::to_string(K) + " overflow a 64-bit integer");
   c.present(b, b_arg);
   c.dtype(b, b_arg, {DType::kUInt8, DType::kFloat4E2M1x2});
   c.shape(b, b_arg, {G, Np, Kp / 2});
@@ -277,6 +288,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   p.b_sN = x.b.strides[1];
   p.m_indptr = x.m_indptr.data;
   p.indptr64 = x.m_indptr.dtype == DType::kInt64;
+  std::vector<int64_t> indptr_copy;  // host m_indptr: the one copy that is validated and used
   p.out = x.out.data;
   p.out_dtype = x.out.dtype;
   p.o_sM = x.out.strides[0];
@@ -289,13 +301,17 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
     if (!(la.kind == ScaleLayoutKind::kRowMajor && la.group_pad == GroupPad::kNone) &&
         !(la.kind == ScaleLayoutKind::kBlocked128x4 && la.group_pad != GroupPad::kNone))
       c.fail("a_scale_layout", "expected row_major or blocked128x4 with per-group padding");
-    if (la.group_pad != GroupPad::kNone) check_groups(c, la, x.m_indptr, 1, M, &p.spa);
+    if (la.group_pad != GroupPad::kNone) check_groups(c, la, x.m_indptr, 1, M, &p.spa, &indptr_copy);
     plan_scales(c, x.a_scale, "a_scale", la, 1, M, K / 32, &p.spa);
     p.a_scale = x.a_scale.ptr<uint8_t>();
   }
   if (x.m_indptr.device == Device::kCPU && (x.a.dtype == DType::kBFloat16 || x.a_scale_layout.group_pad == GroupPad::kNone)) {
     ScalePlan tmp;  // validates the boundaries (device-resident boundaries are trusted: no host sync)
-    check_groups(c, ScaleLayout::blocked128x4(GroupPad::kFlashInfer), x.m_indptr, 1, M, &tmp);
+    check_groups(c, ScaleLayout::blocked128x4(GroupPad::kFlashInfer), x.m_indptr, 1, M, &tmp, &indptr_copy);
+  }
+  if (x.m_indptr.device == Device::kCPU) {  // the group bounds are read from the validated copy
+    p.m_indptr = indptr_copy.data();
+    p.indptr64 = true;
   }
   if (x.b_packed) {
     check_packed_weights(c, x.b, "b", x.b_scale, "b_scale", G, N, K, &p.spb);
@@ -377,6 +393,9 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   c.shape(x.b2, "b2", {E, H});
   c.last_contiguous(x.b2, "b2");
   c.present(x.topk_ids, "topk_ids");
+  if (x.topk_ids.dtype == DType::kInt64)
+    c.fail("topk_ids", "expected dtype int32 expert ids, got int64 (convert torch.topk's int64 indices to int32; "
+                       "the Python API does this itself)");
   c.dtype(x.topk_ids, "topk_ids", {DType::kInt32});
   if (x.topk_ids.ndim != 2 || x.topk_ids.shape[0] != T) c.fail("topk_ids", "expected [" + std::to_string(T) + ", k], got " + x.topk_ids.describe());
   c.last_contiguous(x.topk_ids, "topk_ids");
@@ -391,16 +410,6 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   c.last_contiguous(x.out, "out");
   if (!(x.limit > 0.0f)) c.fail("limit", "expected limit > 0, got " + std::to_string(x.limit));
   if (!std::isfinite(x.alpha)) c.fail("alpha", "expected a finite alpha, got " + std::to_string(x.alpha));
-  if (x.topk_ids.device == Device::kCPU) {
-    const int32_t* ids = x.topk_ids.ptr<int32_t>();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < k; ++j) {
-        const int32_t e = ids[t * x.topk_ids.strides[0] + j];
-        if (e < -1 || e >= E)
-          c.fail("topk_ids", "expert id " + std::to_string(e) + " at [" + std::to_string(t) + ", " + std::to_string(j) +
-                                 "] is outside [-1, " + std::to_string(E) + ")");
-      }
-  }
   MoeMlpPlan p;
   p.T = T; p.H = H; p.I = I; p.E = E; p.topk = k;
   p.x = x.x.data; p.x_dtype = x.x.dtype; p.x_sT = x.x.strides[0];
@@ -417,6 +426,22 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   c.no_overlap({{"out", &x.out}}, {{"x", &x.x}, {"topk_ids", &x.topk_ids}, {"topk_weights", &x.topk_weights},
                                    {"w1", &x.w1}, {"w1_scale", &x.w1_scale}, {"b1", &x.b1}, {"w2", &x.w2},
                                    {"w2_scale", &x.w2_scale}, {"b2", &x.b2}});
+  std::vector<int32_t> ids_copy;  // host ids: the one copy that is validated and used
+  if (x.topk_ids.device == Device::kCPU) {
+    ids_copy.resize(size_t(c.mul("topk_ids", T, k)));
+    const int32_t* ids = x.topk_ids.ptr<int32_t>();
+    if (k > 0)
+      for (int64_t t = 0; t < T; ++t) std::memcpy(&ids_copy[size_t(t * k)], ids + t * x.topk_ids.strides[0], size_t(k) * 4);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = ids_copy[size_t(t * k + j)];
+        if (e < -1 || e >= E)
+          c.fail("topk_ids", "expert id " + std::to_string(e) + " at [" + std::to_string(t) + ", " + std::to_string(j) +
+                                 "] is outside [-1, " + std::to_string(E) + ")");
+      }
+    p.ids = ids_copy.data();
+    p.ids_sT = k;
+  }
   if (c.dev == Device::kCPU) {
     ref::gpt_oss_moe_mlp(p);
     return;

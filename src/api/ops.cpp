@@ -49,6 +49,15 @@ int no_gpu(const Plan&, void*) { return -1; }
 #define LOWBIT_GPU(fn) cuda::fn
 #endif
 
+/// UINT4 zero points: the layout and element count of the scales, stored in index order.
+void zeros_storage(Checker& c, const TensorView& zeros, const TensorView& scales, const ScaleLayout& layout,
+                   const ScalePlan& sp) {
+  int64_t Cp = 0;
+  checked_scale_cols_padded(layout, sp.cols, &Cp);  // already checked by plan_scales
+  c.storage(zeros, "zeros", scales.numel(), &layout, sp.rows_pad, Cp);
+  if (sp.groups > 0 && !zeros.is_contiguous()) c.fail("zeros", "must be a contiguous (row-major) buffer, got " + zeros.describe());
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -58,14 +67,26 @@ std::vector<int64_t> scale_shape(const BlockFormat& f, const ScaleLayout& layout
   validate_format(f, "scale_shape");
   Checker c{"scale_shape"};
   check_layout(c, layout);
+  if (L < 0) c.fail("L", "must be >= 0, got " + std::to_string(L));
+  if (M < 0) c.fail("M", "must be >= 0, got " + std::to_string(M));
+  if (K < 0) c.fail("K", "must be >= 0, got " + std::to_string(K));
+  if (groups < 0) c.fail("groups", "must be >= 0, got " + std::to_string(groups));
   check_block(c, f, K, "K");
   const int64_t C = K / f.block;
+  int64_t Rp = 0, Cp = 0;
+  if (!checked_scale_cols_padded(layout, C, &Cp)) c.fail("K", "the padded scale columns overflow a 64-bit integer");
   if (layout.group_pad != GroupPad::kNone) {
     if (groups <= 0) c.fail("groups", "a grouped layout needs groups > 0");
-    return {1, grouped_rows_alloc(layout.group_pad, M, groups), scale_cols_padded(layout, C)};
+    if (!checked_grouped_rows_alloc(layout.group_pad, M, groups, &Rp))
+      c.fail("groups", "the grouped rows for M = " + std::to_string(M) + " in " + std::to_string(groups) +
+                           " groups overflow a 64-bit integer");
+    c.mul("groups", Rp, Cp);
+    return {1, Rp, Cp};
   }
-  if (layout.kind == ScaleLayoutKind::kColMajor) return {L, C, scale_rows_padded(layout, M)};
-  return {L, scale_rows_padded(layout, M), scale_cols_padded(layout, C)};
+  if (!checked_scale_rows_padded(layout, M, &Rp)) c.fail("M", "the padded scale rows overflow a 64-bit integer");
+  c.mul("L", L, c.mul("M", Rp, Cp));
+  if (layout.kind == ScaleLayoutKind::kColMajor) return {L, C, Rp};
+  return {L, Rp, Cp};
 }
 
 void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layout, const TensorView& q,
@@ -99,13 +120,15 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
   p.q_sL = qm.sL;
   p.q_sM = qm.sM;
   p.scales = scales.data;
-  check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp);
+  std::vector<int64_t> indptr_copy;  // host m_indptr: the one copy that is validated and used
+  float gamax_copy = 0.0f;           // host global_amax (when read, not computed): likewise
+  check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
   plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
 
   if (f.has_zero_point()) {
     c.present(args.zeros, "zeros");
     c.dtype(args.zeros, "zeros", {DType::kUInt8});
-    c.dense(args.zeros, "zeros", scales.numel());
+    zeros_storage(c, args.zeros, scales, layout, p.sp);
     p.zeros = args.zeros.ptr<uint8_t>();
   } else if (args.zeros.present()) {
     c.fail("zeros", "only the UINT4 zero-point format has zero points");
@@ -117,6 +140,12 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
     if (args.global_amax.numel() != 1) c.fail("global_amax", "expected one element, got " + args.global_amax.describe());
     p.global_amax = args.global_amax.ptr<float>();
     p.compute_global_amax = args.compute_global_amax;
+    if (!p.compute_global_amax && args.global_amax.device == Device::kCPU) {
+      gamax_copy = *p.global_amax;  // read once: the value checked is the value used
+      if (!(gamax_copy >= 0.0f))
+        c.fail("global_amax", "the per-tensor amax must be >= 0 and not NaN, got " + std::to_string(gamax_copy));
+      p.global_amax = &gamax_copy;
+    }
   } else if (args.compute_global_amax) {
     c.fail("global_amax", "compute_global_amax needs a float32 [1] tensor to write the amax into");
   }
@@ -159,12 +188,14 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
   p.out_dtype = out.dtype;
   p.o_sL = m.sL;
   p.o_sM = m.sM;
-  check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp);
+  std::vector<int64_t> indptr_copy;  // host m_indptr: the one copy that is validated and used
+  float gamax_copy = 0.0f;           // host global_amax (when read, not computed): likewise
+  check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
   plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
   if (f.has_zero_point()) {
     c.present(args.zeros, "zeros");
     c.dtype(args.zeros, "zeros", {DType::kUInt8});
-    c.dense(args.zeros, "zeros", scales.numel());
+    zeros_storage(c, args.zeros, scales, layout, p.sp);
     p.zeros = args.zeros.ptr<uint8_t>();
   } else if (args.zeros.present()) {
     c.fail("zeros", "only the UINT4 zero-point format has zero points");
@@ -175,6 +206,11 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
     c.dtype(args.global_amax, "global_amax", {DType::kFloat32});
     if (args.global_amax.numel() != 1) c.fail("global_amax", "expected one element, got " + args.global_amax.describe());
     p.global_amax = args.global_amax.ptr<float>();
+    if (args.global_amax.device == Device::kCPU) {
+      gamax_copy = *p.global_amax;  // read once: the value checked is the value used
+      if (gamax_copy < 0.0f) c.fail("global_amax", "the per-tensor amax must be >= 0, got " + std::to_string(gamax_copy));
+      p.global_amax = &gamax_copy;
+    }
   }
   c.no_overlap({{"out", &out}}, {{"q", &q}, {"scales", &scales}, {"zeros", &args.zeros}, {"global_amax", &args.global_amax},
                                  {"m_indptr", &args.m_indptr}});
@@ -214,7 +250,7 @@ void transcode(const TensorView& q, const BlockFormat& f, const TensorView& out,
     c.present(args.zeros, "zeros");
     c.dtype(args.zeros, "zeros", {DType::kUInt8});
     // zero points are stored row-major [L, M, K/block] for transcode
-    c.dense(args.zeros, "zeros", m.L * m.M * (m.K / f.block));
+    c.storage(args.zeros, "zeros", m.L * m.M * (m.K / f.block));
     p.zeros = args.zeros.ptr<uint8_t>();
     p.sp.layout = ScaleLayout::row_major();
     p.sp.rows = p.sp.rows_pad = m.M;
@@ -272,7 +308,10 @@ void convert_scale_layout(const TensorView& in, const ScaleLayout& from, const T
     // L from the ungrouped side
     const ScaleLayout& plain = from.group_pad == GroupPad::kNone ? from : to;
     const TensorView& plain_t = from.group_pad == GroupPad::kNone ? in : out;
-    const int64_t per = scale_size(plain, R, C);
+    int64_t Rp, Cp;
+    if (!checked_scale_rows_padded(plain, R, &Rp)) c.fail("R", "the padded rows of R = " + std::to_string(R) + " overflow a 64-bit integer");
+    if (!checked_scale_cols_padded(plain, C, &Cp)) c.fail("C", "the padded columns of C = " + std::to_string(C) + " overflow a 64-bit integer");
+    const int64_t per = c.mul("R", Rp, Cp);
     if (plain_t.numel() % per != 0)
       c.fail(&plain_t == &in ? "in" : "out", "element count is not a whole number of " + std::to_string(R) + " x " +
                                                  std::to_string(C) + " matrices in this layout: " + plain_t.describe());
@@ -283,9 +322,10 @@ void convert_scale_layout(const TensorView& in, const ScaleLayout& from, const T
   const TensorView* ts[2] = {&in, &out};
   const char* names[2] = {"in", "out"};
   bool used_indptr = false;
+  std::vector<int64_t> indptr_copy;  // host m_indptr: the one copy that is validated and used
   for (int i = 0; i < 2; ++i) {
     if (ls[i]->group_pad != GroupPad::kNone) {
-      check_groups(c, *ls[i], m_indptr, p.L, R, sides[i]);
+      check_groups(c, *ls[i], m_indptr, p.L, R, sides[i], &indptr_copy);
       used_indptr = true;
     }
     plan_scales(c, *ts[i], names[i], *ls[i], p.L, R, C, sides[i]);

@@ -1,5 +1,6 @@
 // src/core/tensor.cpp: TensorView helpers and format descriptors.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <sstream>
 
@@ -59,18 +60,24 @@ void validate_format(const BlockFormat& f, const char* op, const char* arg) {
   auto fail = [&](const std::string& w) { throw ArgumentError(op, arg, w); };
   if (f.block <= 0) fail("block size must be positive, got " + std::to_string(f.block));
   if (f.bits() == 4 && f.block % 2 != 0) fail("4-bit formats need an even block size, got " + std::to_string(f.block));
+  // eps floors the block amax (scale) of the group recipes; the other recipes ignore it, but an
+  // eps given to them must still be valid: finite and > 0 (0 turns an all-zero FP8 group into
+  // 0/0 = NaN, inf every scale into inf and every code into NaN).
+  if (!(std::isfinite(f.eps) && f.eps > 0.0f)) {
+    std::ostringstream os;
+    os << "eps must be finite and > 0, got " << f.eps;
+    throw ArgumentError(op, "eps", os.str());
+  }
   switch (f.rule) {
     case ScaleRule::kAmax:
       if (!(f.elem == Elem::kE4M3 || f.elem == Elem::kE5M2 || f.elem == Elem::kInt4))
         fail("the amax group recipe takes E4M3, E5M2 or INT4 elements");
       if (!(f.scale_type == ScaleType::kF32 || f.scale_type == ScaleType::kUE8M0))
         fail("the amax group recipe stores float32 or UE8M0 scales");
-      if (!(f.eps >= 0.0f)) fail("eps must be >= 0");
       break;
     case ScaleRule::kMinMax:
       if (f.elem != Elem::kUInt4 || f.scale_type != ScaleType::kF32)
         fail("the zero-point recipe takes UINT4 elements and float32 scales");
-      if (!(f.eps > 0.0f)) fail("eps must be > 0 for the zero-point recipe");
       break;
     case ScaleRule::kMxFloor:
     case ScaleRule::kMxRceil:

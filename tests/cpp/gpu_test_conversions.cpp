@@ -199,9 +199,6 @@ std::vector<Fmt> formats() {
       {"nf4_b32", BlockFormat::nf4(32)},
       {"mxfp4_hi", BlockFormat{Elem::kE2M1, 32, ScaleType::kUE8M0, ScaleRule::kMxRceil, NibbleOrder::kHighFirst}},
   };
-  BlockFormat z = BlockFormat::fp8_group(128, Elem::kE4M3, ScaleType::kF32);
-  z.eps = 0.0f;  // amax 0 -> scale 0 -> 0/0
-  r.push_back({"fp8_g128_eps0", z});
   return r;
 }
 

@@ -21,7 +21,7 @@ X = np.ones((4, 64), np.float32)
     (lambda: lowbit.Format("fp8_e4m3", scale_dtype="bf16"), "scale_dtype"),
     (lambda: lowbit.Format("mxfp4", nibble_order="middle"), "nibble_order"),
     (lambda: lowbit.Format("mxfp4", zero_scale="one"), "zero_scale"),
-    (lambda: lowbit.Format("fp8_e4m3", eps=-1.0), "format"),
+    (lambda: lowbit.Format("fp8_e4m3", eps=-1.0), "eps"),
     (lambda: lowbit.quantize(X, "mxfp4", "diagonal"), "layout"),
     (lambda: lowbit.quantize(np.ones((4, 48), np.float32), "mxfp4"), "x"),
     (lambda: lowbit.quantize(np.ones(64, np.float32), "mxfp4"), "x"),
