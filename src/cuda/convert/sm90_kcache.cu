@@ -1,4 +1,4 @@
-// src/cuda/sm90_kcache.cu: NF4 K cache with fp8 residual (quantize / dequantize).
+// src/cuda/convert/sm90_kcache.cu: NF4 K cache with fp8 residual (quantize / dequantize).
 //
 // NOTES:
 //  * quantize needs amax over all T tokens of each (b, h, d) before any code can be written:
@@ -13,8 +13,13 @@
 //    NaN / Inf token is stored without saturation (kcache_residual_saturate), as the reference.
 //  * arithmetic as the reference: x / s (IEEE), x - nf4[q] * s (no FMA); NaN payloads of fp32 /
 //    bf16 outputs follow the reference's x86 rules (x86_mul / x86_add).
-#include "cuda/launch.hpp"
-#include "cuda/sm90_common.cuh"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/codecs.cuh"
+#include "cuda/common/device_info.cuh"
+#include "cuda/common/indexing.cuh"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/common/memory.cuh"
+#include "cuda/common/static_switch.hpp"
 
 namespace lowbit::cuda {
 using namespace lowbit::detail;
