@@ -1,7 +1,8 @@
 // src/cuda/common/sm90_gemm_common.cuh: building blocks shared by the sm_90a GEMM kernels:
 // cp.async, the bf16 RS wgmma of 64 weight rows x NT tokens x 16, 128B-swizzled K-major
 // descriptors, mbarriers and TMA loads. The launch helpers (PDL, shared-memory opt-in, SM count)
-// are in launch_utils.cuh and device_info.cuh, included here for the kernels that use both.
+// and the TMA descriptors are in launch_utils.cuh, device_info.cuh and tma.cuh, included here
+// for the kernels that use them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 
 #include "cuda/common/device_info.cuh"
 #include "cuda/common/launch_utils.cuh"
+#include "cuda/common/tma.cuh"
 
 namespace lowbit::cuda::gemm {
 
