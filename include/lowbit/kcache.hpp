@@ -36,15 +36,20 @@ struct KCacheIeeeOps {
   static LOWBIT_HOST_DEVICE float add(float a, float b) { return a + b; }
 };
 
-/// Decoded element without a residual: nf4[q] * s.
+/// Decoded element without its residual: nf4[q] * s.
 template <typename Ops = KCacheIeeeOps>
 LOWBIT_HOST_DEVICE float kcache_decode(uint8_t q, float s) {
   return Ops::mul(nf4_value(q), s);
 }
-/// Decoded element: nf4[q] * s + r (r: the decoded residual).
+/// Adds the decoded residual r to kcache_decode(q, s).
+template <typename Ops = KCacheIeeeOps>
+LOWBIT_HOST_DEVICE float kcache_add_residual(float v, float r) {
+  return Ops::add(v, r);
+}
+/// Decoded element: nf4[q] * s + r.
 template <typename Ops = KCacheIeeeOps>
 LOWBIT_HOST_DEVICE float kcache_decode(uint8_t q, float s, float r) {
-  return Ops::add(Ops::mul(nf4_value(q), s), r);
+  return kcache_add_residual<Ops>(kcache_decode<Ops>(q, s), r);
 }
 
 }  // namespace lowbit

@@ -47,11 +47,10 @@ void kcache_dequantize(const KCachePlan& p) {
         const uint8_t byte = p.codes[b * p.c_s[0] + t * p.c_s[1] + h * p.c_s[2] + (d / 2) * p.c_s[3]];
         const uint8_t code = unpack_nibble(p.order, byte, int(d & 1));
         const float sc = p.scale[b * p.s_s[0] + h * p.s_s[1] + d * p.s_s[2]];
-        const float v =
-            p.residual
-                ? kcache_decode(code, sc,
-                                load_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3]))
-                : kcache_decode(code, sc);
+        float v = kcache_decode(code, sc);
+        if (p.residual)
+          v = kcache_add_residual(
+              v, load_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3]));
         store_float(const_cast<void*>(p.k), p.k_dtype, b * p.k_s[0] + t * p.k_s[1] + h * p.k_s[2] + d * p.k_s[3], v);
       }
   });

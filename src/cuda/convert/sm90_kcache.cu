@@ -194,8 +194,9 @@ struct X86Ops {
 };
 
 __device__ __forceinline__ float kc_value(uint32_t code, float s, const uint8_t* res, DType rt) {
-  if (!res) return kcache_decode<X86Ops>(uint8_t(code), s);
-  return kcache_decode<X86Ops>(uint8_t(code), s, rt == DType::kE5M2 ? decode_e5m2(*res) : decode_e4m3(*res));
+  float v = kcache_decode<X86Ops>(uint8_t(code), s);
+  if (res) v = kcache_add_residual<X86Ops>(v, rt == DType::kE5M2 ? decode_e5m2(*res) : decode_e4m3(*res));
+  return v;
 }
 
 __global__ void __launch_bounds__(kThreads) kc_decode_generic(const KCachePlan p) {
