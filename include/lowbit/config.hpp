@@ -6,10 +6,8 @@
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define LOWBIT_HOST_DEVICE __host__ __device__ __forceinline__
-#define LOWBIT_DEVICE __device__ __forceinline__
 #else
 #define LOWBIT_HOST_DEVICE inline
-#define LOWBIT_DEVICE inline
 #endif
 
 #if defined(__CUDA_ARCH__)

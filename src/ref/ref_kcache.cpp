@@ -1,5 +1,6 @@
 // src/ref/ref_kcache.cpp: CPU reference of the NF4 + FP8-residual K cache codec.
 #include "core/parallel.hpp"
+#include "lowbit/kcache.hpp"
 #include "ref/ref.hpp"
 
 namespace lowbit::ref {
@@ -26,8 +27,8 @@ void kcache_quantize(const KCachePlan& p) {
         for (int j = 0; j < 2; ++j) {
           const int64_t ko = b * p.k_s[0] + t * p.k_s[1] + h * p.k_s[2] + (d + j) * p.k_s[3];
           const float x = load_float(p.k, p.k_dtype, ko);
-          code[j] = s[j] == 0.0f ? uint8_t(7) : encode_nf4(x / s[j]);
-          const float r = x - nf4_value(code[j]) * s[j];
+          code[j] = kcache_code(x, s[j]);
+          const float r = kcache_residual(x, nf4_value(code[j]), s[j]);
           store_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + (d + j) * p.r_s[3], r,
                       kcache_residual_saturate(x));
         }
@@ -45,9 +46,11 @@ void kcache_dequantize(const KCachePlan& p) {
       for (int64_t d = 0; d < p.D; ++d) {
         const uint8_t byte = p.codes[b * p.c_s[0] + t * p.c_s[1] + h * p.c_s[2] + (d / 2) * p.c_s[3]];
         const uint8_t code = unpack_nibble(p.order, byte, int(d & 1));
-        float v = nf4_value(code) * p.scale[b * p.s_s[0] + h * p.s_s[1] + d * p.s_s[2]];
+        const float sc = p.scale[b * p.s_s[0] + h * p.s_s[1] + d * p.s_s[2]];
+        float v = kcache_decode(code, sc);
         if (p.residual)
-          v = v + load_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3]);
+          v = kcache_add_residual(
+              v, load_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3]));
         store_float(const_cast<void*>(p.k), p.k_dtype, b * p.k_s[0] + t * p.k_s[1] + h * p.k_s[2] + d * p.k_s[3], v);
       }
   });

@@ -27,8 +27,8 @@
 #include <utility>
 
 #include "cuda/gemm/launch_gemm.hpp"
-#include "cuda/gemm/sm90_gemm_common.cuh"
-#include "cuda/gemm/workspace.cuh"
+#include "cuda/common/sm90_gemm_common.cuh"
+#include "cuda/common/workspace.cuh"
 #include "lowbit/block_quant.hpp"
 #include "lowbit/gemm.hpp"
 

@@ -1,4 +1,4 @@
-// src/cuda/sm90_quantize.cu: quantize (every block format, every scale layout) and tensor amax.
+// src/cuda/convert/sm90_quantize.cu: quantize (every block format, every scale layout) and tensor amax.
 //
 // NOTES:
 //  * Vector kernel: one thread owns 16 consecutive elements of a row (one 16-element chunk:
@@ -15,10 +15,15 @@
 //    stream (no host sync); the quantize kernel reads the amax from device memory.
 //  * Element math is lowbit/block_quant.hpp's: compute_block_scale per block; per element the
 //    hardware fp8 conversions (proved equal to encode_e4m3/e5m2 by the exhaustive self-test) or
-//    the fast 4-bit encoders of sm90_common.cuh. A division by a UE8M0 (power-of-two) scale is
+//    the fast 4-bit encoders of cuda/common/codecs.cuh. A division by a UE8M0 (power-of-two) scale is
 //    replaced by the product with its exact reciprocal: both are the correctly rounded x*2^-e.
-#include "cuda/launch.hpp"
-#include "cuda/sm90_common.cuh"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/codecs.cuh"
+#include "cuda/common/device_info.cuh"
+#include "cuda/common/indexing.cuh"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/common/memory.cuh"
+#include "cuda/common/static_switch.hpp"
 
 namespace lowbit::cuda {
 using namespace lowbit::detail;
@@ -569,10 +574,7 @@ cudaError_t launch_amax(const void* x, DType t, int64_t L, int64_t M, int64_t K,
 
 template <typename Kernel>
 cudaError_t launch_q(Kernel k, const QArgs& a, int64_t units, size_t smem, cudaStream_t s) {
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
-  }
+  if (const cudaError_t e = opt_in_smem(k, smem); e != cudaSuccess) return e;
   const int64_t g = grid_for(k, kThreads, units);
   k<<<unsigned(g), kThreads, smem, s>>>(a);
   return cudaGetLastError();

@@ -1,4 +1,4 @@
-// src/cuda/sm90_dequantize.cu: dequantize (every block format and scale layout) to fp32 / fp16 /
+// src/cuda/convert/sm90_dequantize.cu: dequantize (every block format and scale layout) to fp32 / fp16 /
 // bf16 / e4m3 / e5m2.
 //
 // NOTES:
@@ -11,8 +11,13 @@
 //  * NaN: the fast path multiplies on the GPU; a chunk with any NaN product is recomputed with
 //    the software decoders and the x86 NaN rules of the CPU reference (x86_mul), so NaN
 //    payloads and signs of fp32 / bf16 outputs match the reference too.
-#include "cuda/launch.hpp"
-#include "cuda/sm90_common.cuh"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/codecs.cuh"
+#include "cuda/common/device_info.cuh"
+#include "cuda/common/indexing.cuh"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/common/memory.cuh"
+#include "cuda/common/static_switch.hpp"
 
 namespace lowbit::cuda {
 using namespace lowbit::detail;
@@ -230,10 +235,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_generic_kernel(const DArg
 
 template <typename Kernel>
 cudaError_t launch_d(Kernel k, const DArgs& a, size_t smem, cudaStream_t s) {
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
-  }
+  if (const cudaError_t e = opt_in_smem(k, smem); e != cudaSuccess) return e;
   const int64_t g = grid_for(k, kThreads, a.units);
   k<<<unsigned(g), kThreads, smem, s>>>(a);
   return cudaGetLastError();

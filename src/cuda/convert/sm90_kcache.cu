@@ -1,4 +1,4 @@
-// src/cuda/sm90_kcache.cu: NF4 K cache with fp8 residual (quantize / dequantize).
+// src/cuda/convert/sm90_kcache.cu: NF4 K cache with fp8 residual (quantize / dequantize).
 //
 // NOTES:
 //  * quantize needs amax over all T tokens of each (b, h, d) before any code can be written:
@@ -11,10 +11,17 @@
 //    in, 16 outputs out; the per-channel scales are L1/L2 hits (shared by all T tokens).
 //  * NaN / Inf: the scales are the finite amax (NaN / Inf tokens ignored), the residual of a
 //    NaN / Inf token is stored without saturation (kcache_residual_saturate), as the reference.
-//  * arithmetic as the reference: x / s (IEEE), x - nf4[q] * s (no FMA); NaN payloads of fp32 /
-//    bf16 outputs follow the reference's x86 rules (x86_mul / x86_add).
-#include "cuda/launch.hpp"
-#include "cuda/sm90_common.cuh"
+//  * arithmetic as the reference, through the element rules of lowbit/kcache.hpp: x / s (IEEE),
+//    x - nf4[q] * s (no FMA); NaN payloads of fp32 / bf16 outputs follow the reference's x86
+//    rules (x86_mul / x86_add).
+#include "cuda/common/launch.hpp"
+#include "cuda/common/codecs.cuh"
+#include "cuda/common/device_info.cuh"
+#include "cuda/common/indexing.cuh"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/common/memory.cuh"
+#include "cuda/common/static_switch.hpp"
+#include "lowbit/kcache.hpp"
 
 namespace lowbit::cuda {
 using namespace lowbit::detail;
@@ -65,8 +72,14 @@ __global__ void __launch_bounds__(kThreads) kc_amax(const KCachePlan p, int64_t 
   }
 }
 
+/// The NF4 encoder of the kernels: binary search over thresholds staged in shared memory.
+struct SmemNF4Encode {
+  const float* thr;
+  __device__ __forceinline__ uint32_t operator()(float v) const { return dev::enc_nf4(v, thr); }
+};
+
 __device__ __forceinline__ uint32_t kc_code(float x, float s, const float* thr) {
-  return s == 0.0f ? 7u : dev::enc_nf4(x / s, thr);
+  return kcache_code(x, s, SmemNF4Encode{thr});
 }
 
 // generic encode: one thread per (b, t, h, channel pair)
@@ -92,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) kc_encode_generic(const KCachePlan p
       const float s = p.scale[b * p.s_s[0] + h * p.s_s[1] + d * p.s_s[2]];
       const float x = load_float(p.k, p.k_dtype, b * p.k_s[0] + t * p.k_s[1] + h * p.k_s[2] + d * p.k_s[3]);
       code[j] = kc_code(x, s, thr);
-      const float res = x - cb[code[j]] * s;
+      const float res = kcache_residual(x, cb[code[j]], s);
       store_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3], res,
                   kcache_residual_saturate(x));
     }
@@ -142,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) kc_encode_vec(const KCachePlan p, Fa
     for (int e = 0; e < 16; ++e) {
       const float x = ch.get(e);
       code[e] = kc_code(x, s[e], thr);
-      res[e] = x - cb[code[e]] * s[e];
+      res[e] = kcache_residual(x, cb[code[e]], s[e]);
       nonfinite |= !is_finite_bits(dev::fbits(x));
     }
     uint2 cw = make_uint2(0, 0);
@@ -174,9 +187,15 @@ __global__ void __launch_bounds__(kThreads) kc_encode_vec(const KCachePlan p, Fa
 // ---------------------------------------------------------------------------------------------
 // dequantize
 
+/// fp32 products and sums with the reference's x86 NaN rules.
+struct X86Ops {
+  static __device__ __forceinline__ float mul(float a, float b) { return dev::x86_mul(a, b); }
+  static __device__ __forceinline__ float add(float a, float b) { return dev::x86_add(a, b); }
+};
+
 __device__ __forceinline__ float kc_value(uint32_t code, float s, const uint8_t* res, DType rt) {
-  float v = dev::x86_mul(nf4_value(uint8_t(code)), s);
-  if (res) v = dev::x86_add(v, rt == DType::kE5M2 ? decode_e5m2(*res) : decode_e4m3(*res));
+  float v = kcache_decode<X86Ops>(uint8_t(code), s);
+  if (res) v = kcache_add_residual<X86Ops>(v, rt == DType::kE5M2 ? decode_e5m2(*res) : decode_e4m3(*res));
   return v;
 }
 

@@ -1,15 +1,20 @@
-// src/cuda/gemm/sm90_gemm_common.cuh: building blocks shared by the sm_90a GEMM kernels:
+// src/cuda/common/sm90_gemm_common.cuh: building blocks shared by the sm_90a GEMM kernels:
 // cp.async, the bf16 RS wgmma of 64 weight rows x NT tokens x 16, 128B-swizzled K-major
-// descriptors, and launch helpers.
+// descriptors, mbarriers and TMA loads. The launch helpers (PDL, shared-memory opt-in, SM count)
+// and the TMA descriptors are in launch_utils.cuh, device_info.cuh and tma.cuh, included here
+// for the kernels that use them.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <utility>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
+
+#include "cuda/common/device_info.cuh"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/common/tma.cuh"
 
 namespace lowbit::cuda::gemm {
 
@@ -114,52 +119,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int3
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(tmap), "r"(x), "r"(y), "r"(bar)
       : "memory");
-}
-
-/// Programmatic dependent launch: wait for the grids this one depends on (no-op without PDL).
-__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-/// Lets the next PDL-launched grid start its prologue while this one runs.
-__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
-
-/// Launches `kern` so that it may start before the previous kernel in the stream has finished
-/// (programmatic stream serialization); the kernel calls griddep_wait() before it reads that
-/// kernel's results.
-template <typename... P, typename... Args>
-cudaError_t launch_pdl(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
-}
-
-/// SM count of a device, queried once.
-inline int sm_count(int device) {
-  static std::atomic<int> cache[64] = {};
-  if (device < 0 || device >= 64) return 132;
-  int n = cache[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 132;
-    cache[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-/// Opts a kernel into `smem` bytes of dynamic shared memory on `device`, once per (kernel, device):
-/// each instantiation of the template owns its flag word.
-template <typename Kernel>
-cudaError_t opt_in_smem(Kernel kern, int smem, int device, std::atomic<uint64_t>& opted) {
-  const uint64_t bit = uint64_t(1) << (device & 63);
-  if (opted.load(std::memory_order_relaxed) & bit) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess) opted.fetch_or(bit, std::memory_order_relaxed);
-  return e;
 }
 
 }  // namespace lowbit::cuda::gemm

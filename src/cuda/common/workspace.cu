@@ -1,8 +1,8 @@
-// src/cuda/gemm/workspace.cu: see workspace.cuh.
+// src/cuda/common/workspace.cu: see workspace.cuh.
 #include <cstdint>
 #include <mutex>
 
-#include "cuda/gemm/workspace.cuh"
+#include "cuda/common/workspace.cuh"
 
 namespace lowbit::cuda {
 

@@ -1,74 +1,25 @@
-// src/cuda/sm90_common.cuh: device helpers shared by the sm_90a conversion kernels.
+// src/cuda/common/codecs.cuh: fast element codecs of the sm_90a kernels.
 //
 // * fast element codecs that use the hardware conversions (cvt.*.e4m3x2 / e5m2x2 / f16 / bf16)
 //   where they are bit-identical to the software codecs of lowbit/codecs.hpp, with explicit
 //   fix-ups for the cases where the hardware differs (NaN payloads, the non-saturating modes).
-//   sm90_common.cu holds an exhaustive self-test over all 2^32 fp32 inputs that proves each
+//   codec_selftest.cu holds an exhaustive self-test over all 2^32 fp32 inputs that proves each
 //   fast encoder equal to its software definition (gpu_test_conversions runs it);
 // * the x86 (SSE) NaN rules of the CPU reference for the few fp32 products whose NaN bits
 //   reach an output (dequantize to fp32 / bf16), so even NaN payloads match byte for byte;
-// * 16-element vector loads, fast 32-bit division, grouped-layout (MoE) row maps.
+// * the magic-number encoders and the fast division of the quantize paths.
 //
-// All kernels compile with -fmad=false --ftz=false --prec-div=true (CMakeLists.txt): the
-// block recipes of lowbit/block_quant.hpp then run with the same IEEE fp32 operations as on
-// the host.
+// The files that use them compile with -fmad=false --ftz=false --prec-div=true (the common
+// and convert families in CMakeLists.txt): the block recipes of lowbit/block_quant.hpp then
+// run with the same IEEE fp32 operations as on the host.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 
-#include <type_traits>
-
 #include "core/plan.hpp"
 
 namespace lowbit::cuda {
-
-/// The one runtime -> compile-time switch over the floating input dtypes (fp32 / fp16 / bf16):
-/// returns f(std::integral_constant<DType, T>{}), or cudaErrorInvalidValue for another dtype.
-template <typename F>
-cudaError_t with_float_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::kFloat32: return f(std::integral_constant<DType, DType::kFloat32>{});
-    case DType::kFloat16: return f(std::integral_constant<DType, DType::kFloat16>{});
-    case DType::kBFloat16: return f(std::integral_constant<DType, DType::kBFloat16>{});
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// host helpers
-struct DeviceInfo {
-  int sms = 132;
-};
-const DeviceInfo& current_device_info();
-
-/// Resident CTAs per SM of a kernel (cached per kernel; 4 when the query fails).
-int occupancy(const void* kernel, int threads);
-
-/// CTAs to launch for `units` work items of one thread each (grid-stride kernels): enough to
-/// fill every SM at the kernel's occupancy, never more than the work needs.
-template <typename Kernel>
-inline int64_t grid_for(Kernel k, int threads, int64_t units, int per_sm_cap = 16) {
-  const int occ = occupancy(reinterpret_cast<const void*>(k), threads);
-  const int64_t full = int64_t(current_device_info().sms) * (occ < per_sm_cap ? occ : per_sm_cap);
-  const int64_t need = (units + threads - 1) / threads;
-  return need < full ? (need > 0 ? need : 1) : full;
-}
-
-/// Unsigned 32-bit division by a run-time constant (n < 2^32): q = (umulhi(n, m) + n) >> s.
-struct FastDiv {
-  uint32_t d = 1, m = 0, s = 0;
-  FastDiv() = default;
-  explicit FastDiv(uint32_t div) : d(div) {
-    s = 0;
-    while ((uint64_t(1) << s) < div) ++s;
-    m = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << s) - div)) / div + 1);
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const {
-    return uint32_t((uint64_t(__umulhi(n, m)) + n) >> s);
-  }
-};
-
 namespace dev {
 
 // ---------------------------------------------------------------------------------------------
@@ -320,181 +271,6 @@ __device__ __forceinline__ uint32_t minmax16x2(uint32_t a, uint32_t b) {
   if (!kBf16 && kMax) asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   if (!kBf16 && !kMax) asm("min.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
-}
-
-// ---------------------------------------------------------------------------------------------
-// vector memory access
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint2 ld_stream8(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ void st_stream(void* p, uint4 v) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-__device__ __forceinline__ void st_stream8(void* p, uint2 v) {
-  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
-}
-
-/// Warp-contiguous wide stores: each lane owns N (2 or 4) 16-byte vectors for p, p + 16, ...
-/// Stored as they are, one store instruction covers 16 B every 16 N bytes (partial sectors).
-/// A butterfly transpose over groups of N lanes gives lane q of a group the vector q of every
-/// lane i of the group instead, stored at p_i + 16 q: each instruction then writes 16 N
-/// contiguous bytes per group when the group's lanes own consecutive pieces (any addresses
-/// stay correct). All 32 lanes must call it; a lane with p == nullptr stores nothing.
-template <int N>
-__device__ __forceinline__ void st_group(char* p, uint4* v) {
-  const unsigned lane = threadIdx.x & 31u;
-#pragma unroll
-  for (int bit = N / 2; bit >= 1; bit >>= 1) {
-    const bool up = (lane & unsigned(bit)) != 0;
-#pragma unroll
-    for (int v0 = 0; v0 < N; ++v0) {
-      if (v0 & bit) continue;
-      const int v1 = v0 | bit;
-      uint4 snd = up ? v[v0] : v[v1];
-      uint4 rcv;
-      rcv.x = __shfl_xor_sync(0xFFFFFFFFu, snd.x, bit);
-      rcv.y = __shfl_xor_sync(0xFFFFFFFFu, snd.y, bit);
-      rcv.z = __shfl_xor_sync(0xFFFFFFFFu, snd.z, bit);
-      rcv.w = __shfl_xor_sync(0xFFFFFFFFu, snd.w, bit);
-      if (up) v[v0] = rcv;
-      else v[v1] = rcv;
-    }
-  }
-  const unsigned base = lane & ~unsigned(N - 1), q = lane & unsigned(N - 1);
-  const unsigned long long pa = reinterpret_cast<unsigned long long>(p);
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    char* pi = reinterpret_cast<char*>(__shfl_sync(0xFFFFFFFFu, pa, base + unsigned(i)));
-    if (pi) st_stream(pi + 16 * q, v[i]);
-  }
-}
-
-/// Raw 16-element input chunk: fp32 needs 4 x 16 B, fp16 / bf16 2 x 16 B.
-template <DType T>
-struct Chunk16 {
-  static constexpr int kWords = T == DType::kFloat32 ? 16 : 8;
-  uint32_t w[kWords];
-  __device__ __forceinline__ void load(const void* p) {
-    const uint4* q = static_cast<const uint4*>(p);
-#pragma unroll
-    for (int i = 0; i < kWords / 4; ++i) {
-      const uint4 v = ld_stream(q + i);
-      w[4 * i] = v.x;
-      w[4 * i + 1] = v.y;
-      w[4 * i + 2] = v.z;
-      w[4 * i + 3] = v.w;
-    }
-  }
-  /// Element i as fp32, exactly as load_float (fp16 NaN canonical).
-  __device__ __forceinline__ float get(int i) const {
-    if (T == DType::kFloat32) return bitsf(w[i]);
-    const uint32_t h = (w[i >> 1] >> ((i & 1) * 16)) & 0xFFFFu;
-    if (T == DType::kBFloat16) return bitsf(h << 16);
-    return dec_f16(uint16_t(h));
-  }
-};
-
-// ---------------------------------------------------------------------------------------------
-// grouped (MoE) layouts: padded starts in shared memory
-
-/// Group boundaries and padded starts of a grouped ScalePlan, staged in shared memory by
-/// stage(); row maps then cost a binary search over G+1 shared entries.
-struct GroupMap {
-  const int64_t* ind = nullptr;    // [G+1] m_indptr (shared)
-  const int64_t* start = nullptr;  // [G+1] padded starts (shared)
-  int64_t G = 0;
-
-  /// Stored row of logical row r.
-  __device__ __forceinline__ int64_t stored_row(int64_t r) const {
-    int64_t lo = 0, hi = G;
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) >> 1;
-      if (ind[mid] <= r) lo = mid; else hi = mid;
-    }
-    return start[lo] + (r - ind[lo]);
-  }
-  /// Logical row stored at row s, or -1 for a padding row.
-  __device__ __forceinline__ int64_t logical_row(int64_t s) const {
-    int64_t lo = 0, hi = G;  // largest g < G with start[g] <= s
-    if (s < start[0]) return -1;
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) >> 1;
-      if (start[mid] <= s) lo = mid; else hi = mid;
-    }
-    const int64_t off = s - start[lo];
-    return off < ind[lo + 1] - ind[lo] ? ind[lo] + off : -1;
-  }
-};
-
-/// Largest G whose map is staged in shared memory (2 x 8 B x (G+1)).
-constexpr int64_t kMaxSmemGroups = 2047;
-/// Shared bytes of one staged map: ind + start (G+1 each) + 1024 scan slots.
-inline size_t group_smem_bytes(const detail::ScalePlan& sp) {
-  return sp.groups > 0 ? size_t(8 * (2 * (sp.groups + 1) + 1024)) : 0;
-}
-
-/// Stages m_indptr and the padded starts (exclusive scan for kCumsum) in `smem`; all threads
-/// of the CTA call it (it synchronises).
-__device__ inline GroupMap stage_groups(const detail::ScalePlan& sp, int64_t* smem) {
-  GroupMap g;
-  g.G = sp.groups;
-  if (sp.groups == 0) return g;
-  const int64_t n = sp.groups + 1;
-  int64_t* ind = smem;
-  int64_t* st = smem + n;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    ind[i] = sp.indptr64 ? static_cast<const int64_t*>(sp.m_indptr)[i]
-                         : int64_t(static_cast<const int32_t*>(sp.m_indptr)[i]);
-  __syncthreads();
-  if (sp.layout.group_pad == GroupPad::kFlashInfer) {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) st[i] = (ind[i] + i * 127) / 128 * 128;
-  } else if (sp.layout.group_pad == GroupPad::kCumsum) {
-    // st[g] = sum_{i<g} round_up(m_i, 128): each thread scans a contiguous piece, then the
-    // piece totals are scanned by thread 0 over at most blockDim pieces.
-    int64_t* piece = smem + 2 * n;  // blockDim.x <= 1024 slots
-    const int64_t per = (n + blockDim.x - 1) / blockDim.x;
-    const int64_t b = threadIdx.x * per, e = b + per < n ? b + per : n;
-    int64_t s = 0;
-    for (int64_t i = b; i < e; ++i) {
-      st[i] = s;
-      if (i + 1 < n) s += round_up(ind[i + 1] - ind[i], 128);
-    }
-    piece[threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t acc = 0;
-      for (unsigned t = 0; t < blockDim.x; ++t) {
-        const int64_t v = piece[t];
-        piece[t] = acc;
-        acc += v;
-      }
-    }
-    __syncthreads();
-    for (int64_t i = b; i < e; ++i) st[i] += piece[threadIdx.x];
-  } else {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) st[i] = ind[i];
-  }
-  __syncthreads();
-  g.ind = ind;
-  g.start = st;
-  return g;
-}
-
-/// Offset of logical (l, r, c) in plan sp (grouped: through the staged map).
-__device__ __forceinline__ int64_t scale_off(const detail::ScalePlan& sp, const GroupMap& gm, int64_t l, int64_t r,
-                                             int64_t c) {
-  const int64_t sr = sp.groups > 0 ? gm.stored_row(r) : r;
-  return l * sp.batch_stride + scale_offset(sp.layout, sp.rows_pad, sp.cols, sr, c);
 }
 
 }  // namespace dev

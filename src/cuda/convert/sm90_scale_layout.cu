@@ -1,12 +1,17 @@
-// src/cuda/sm90_scale_layout.cu: conversion between scale layouts (row / col / 128x4 / 8x4 /
+// src/cuda/convert/sm90_scale_layout.cu: conversion between scale layouts (row / col / 128x4 / 8x4 /
 // grouped 128x4).
 //
 // NOTES: one thread per element of the OUTPUT (padding included), so every output byte is
 // written exactly once, with coalesced stores: scale_coords() maps the output offset back to
 // (stored row, column); the stored row maps to a logical row (grouped: the staged group map,
 // -1 for padding rows); data elements gather their value from the input layout, padding gets 0.
-#include "cuda/launch.hpp"
-#include "cuda/sm90_common.cuh"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/codecs.cuh"
+#include "cuda/common/device_info.cuh"
+#include "cuda/common/indexing.cuh"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/common/memory.cuh"
+#include "cuda/common/static_switch.hpp"
 
 namespace lowbit::cuda {
 using namespace lowbit::detail;
@@ -179,17 +184,11 @@ int convert_layout(const LayoutPlan& p, void* stream) {
   }
   if (p.elem_bytes == 4) {
     auto k = convert_layout_kernel<uint32_t>;
-    if (smem > 48 * 1024) {
-      const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      if (e != cudaSuccess) return e;
-    }
+    if (const cudaError_t e = opt_in_smem(k, smem); e != cudaSuccess) return e;
     k<<<unsigned(grid_for(k, kThreads, total)), kThreads, smem, s>>>(p);
   } else {
     auto k = convert_layout_kernel<uint8_t>;
-    if (smem > 48 * 1024) {
-      const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      if (e != cudaSuccess) return e;
-    }
+    if (const cudaError_t e = opt_in_smem(k, smem); e != cudaSuccess) return e;
     k<<<unsigned(grid_for(k, kThreads, total)), kThreads, smem, s>>>(p);
   }
   return cudaGetLastError();

@@ -1,4 +1,4 @@
-// src/cuda/gemm/workspace.cuh: stream-ordered scratch memory for the GEMM launchers.
+// src/cuda/common/workspace.cuh: stream-ordered scratch memory for the GEMM launchers.
 #pragma once
 
 #include <cuda_runtime.h>

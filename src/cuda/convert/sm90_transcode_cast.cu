@@ -1,4 +1,4 @@
-// src/cuda/sm90_transcode_cast.cu: exact 4-bit -> fp8 transcode and elementwise casts.
+// src/cuda/convert/sm90_transcode_cast.cu: exact 4-bit -> fp8 transcode and elementwise casts.
 //
 // NOTES:
 //  * transcode: one thread per 16 elements (8 B of packed codes in, 16 B of fp8 out); codes
@@ -6,10 +6,15 @@
 //    is exact in the target, so the hardware satfinite conversion is exact too.
 //  * cast: dimensions that are contiguous in both tensors are merged first; when the last merged
 //    dimension is unit-stride in both, a multiple of 16 long and 16-byte aligned, one thread
-//    converts 16 elements with 16-byte loads/stores (fast codecs of sm90_common.cuh, proved equal
+//    converts 16 elements with 16-byte loads/stores (fast codecs of cuda/common/codecs.cuh, proved equal
 //    to the software codecs); anything else runs the scalar kernel over the software codecs.
-#include "cuda/launch.hpp"
-#include "cuda/sm90_common.cuh"
+#include "cuda/common/launch.hpp"
+#include "cuda/common/codecs.cuh"
+#include "cuda/common/device_info.cuh"
+#include "cuda/common/indexing.cuh"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/common/memory.cuh"
+#include "cuda/common/static_switch.hpp"
 
 namespace lowbit::cuda {
 using namespace lowbit::detail;

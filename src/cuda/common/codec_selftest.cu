@@ -1,107 +1,12 @@
-// src/cuda/sm90_common.cu: device queries of the CUDA launchers and the exhaustive self-test
-// of the fast codecs (sm90_common.cuh) against the software codecs (lowbit/codecs.hpp).
+// src/cuda/common/codec_selftest.cu: the exhaustive self-test of the fast codecs (codecs.cuh)
+// against the software codecs (lowbit/codecs.hpp).
 #include <cuda_runtime.h>
 
-#include <mutex>
-#include <unordered_map>
-
-#include "cuda/launch.hpp"
-#include "cuda/selftest.hpp"
-#include "cuda/sm90_common.cuh"
+#include "cuda/common/codecs.cuh"
+#include "cuda/common/device_info.cuh"
+#include "cuda/common/selftest.hpp"
 
 namespace lowbit::cuda {
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clears cudaErrorInsufficientDriver / cudaErrorNoDevice
-    return 0;
-  }
-  return n;
-}
-
-int runtime_version() {
-  int v = 0;
-  if (cudaRuntimeGetVersion(&v) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return v;
-}
-
-std::string device_name(int device) {
-  cudaDeviceProp p;
-  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
-    cudaGetLastError();
-    return "";
-  }
-  return p.name;
-}
-
-int device_sm(int device) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return major * 10 + minor;
-}
-
-const char* error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
-
-int pointer_device(const void* p) {
-  cudaPointerAttributes a;
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return a.device;
-  return -1;
-}
-
-const DeviceInfo& current_device_info() {
-  static DeviceInfo infos[64];
-  static std::once_flag once[64];
-  int d = 0;
-  if (cudaGetDevice(&d) != cudaSuccess) {
-    cudaGetLastError();
-    d = 0;
-  }
-  if (d < 0 || d >= 64) d = 0;
-  std::call_once(once[d], [d] {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) == cudaSuccess && sms > 0) infos[d].sms = sms;
-    else cudaGetLastError();
-  });
-  return infos[d];
-}
-
-int current_device() {
-  int d = -1;
-  if (cudaGetDevice(&d) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  return d;
-}
-
-int set_device(int device) { return int(cudaSetDevice(device)); }
-
-int occupancy(const void* kernel, int threads) {
-  static std::mutex mu;
-  static std::unordered_map<const void*, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(kernel);
-  if (it != cache.end()) return it->second;
-  int o = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, threads, 0) != cudaSuccess || o <= 0) {
-    cudaGetLastError();
-    o = 4;
-  }
-  cache[kernel] = o;
-  return o;
-}
 
 // ---------------------------------------------------------------------------------------------
 // self-test
