@@ -11,7 +11,7 @@
 #include "ref/ref_gemm.hpp"
 #include "cuda/gemm/launch_gemm.hpp"  // declarations only: called (and defined) only in CUDA + CUTLASS builds
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-#include "cuda/launch.hpp"
+#include "cuda/common/launch.hpp"
 #endif
 
 namespace lowbit {

@@ -11,7 +11,7 @@
 #include "lowbit/ops.hpp"
 #include "ref/ref.hpp"
 #if LOWBIT_WITH_CUDA
-#include "cuda/launch.hpp"
+#include "cuda/common/launch.hpp"
 #endif
 
 namespace lowbit {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/selftest.hpp"
+#include "cuda/common/selftest.hpp"
 #include "lowbit/error.hpp"
 #include "lowbit/ops.hpp"
 

@@ -1,4 +1,4 @@
-// src/cuda/gemm/sm90_mxfp4_group_gemm.cu: MXFP4-weight grouped GEMM for MoE on sm_90a, and the
+// src/cuda/moe/sm90_mxfp4_group_gemm.cu: MXFP4-weight grouped GEMM for MoE on sm_90a, and the
 // gpt-oss expert MLP built on it.
 //
 //   out[m, n] = sum_k A[m, k] * B[g][n, k]      for the rows m of group g (m_indptr)
