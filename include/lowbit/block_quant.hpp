@@ -135,8 +135,11 @@ LOWBIT_HOST_DEVICE BlockScale compute_block_scale(const BlockFormat& f, const Bl
       b.factor = s;
       // codes q with |q - zp| <= n, n the largest step count whose n * s is finite (15 unless
       // s > FLT_MAX / 15): the dequantized value (q - zp) * s never overflows
+      // NOTE: finiteness is read from the product's bits: a compiler's floating-point range
+      // reasoning cannot fold the overflow test (a GCC 13.3 build computed n = 0 from the
+      // comparison `n * s <= FLT_MAX`)
       int n = 15;
-      while (n > 0 && !(float(n) * s <= kFltMax)) --n;
+      while (n > 0 && !is_finite_bits(float_bits(float(n) * s))) --n;
       const int zi = int(b.zero);
       b.qlo = uint8_t(zi - n > 0 ? zi - n : 0);
       b.qhi = uint8_t(zi + n < 15 ? zi + n : 15);

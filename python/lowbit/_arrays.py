@@ -305,6 +305,20 @@ def check_writable(a, op: str, arg: str):
     return a
 
 
+_HOST_MEMORY = []
+
+
+def _host_memory_bytes() -> int:
+    """Physical memory of this host (cached; unbounded where the platform does not say)."""
+    if not _HOST_MEMORY:
+        try:
+            import os
+            _HOST_MEMORY.append(int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE")))
+        except (ValueError, OSError, AttributeError):
+            _HOST_MEMORY.append(1 << 62)
+    return _HOST_MEMORY[0]
+
+
 class Backend:
     """Allocates outputs like a reference array: NumPy on the host, or torch on its device.
 
@@ -332,6 +346,13 @@ class Backend:
         return self.like.device if self.torch else None
 
     def empty(self, shape, dtype: str):
+        if not self.cuda:  # NOTE: with memory overcommit a huge host allocation "succeeds" and the
+            # first writes exhaust memory: an output above the physical memory is refused up front
+            n = _NP_STORAGE[dtype].itemsize
+            for d in shape:
+                n *= int(d)
+            if n > _host_memory_bytes():
+                self._no_memory(shape, dtype, f"{n} bytes exceed the host's physical memory")
         try:
             if self.torch:
                 like = self.like

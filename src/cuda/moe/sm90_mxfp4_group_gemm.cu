@@ -770,42 +770,43 @@ __global__ void __launch_bounds__(288, 2)
       const uint8_t* st = smem + s * kStageBytes;
       const uint32_t u0 = *reinterpret_cast<const uint32_t*>(st + so0);
       const uint32_t u1 = *reinterpret_cast<const uint32_t*>(st + so1);
-      // NOTE: a byte above kSOne (133) among this thread's two (bytes 2 (t & 1), + 1 of each word):
-      // bit 7 of b and of (b & 0x7F) + 0x7A (no carry between bytes) are both set iff b >= 134.
-      const uint32_t mine = (t & 1) ? 0x80800000u : 0x00008080u;
-      const uint32_t big = (u0 & ((u0 & 0x7F7F7F7Fu) + 0x7A7A7A7Au) & mine) |
-                           (u1 & ((u1 & 0x7F7F7F7Fu) + 0x7A7A7A7Au) & mine);
+      uint32_t Y0[2], Y1[2];
+      bool big = false;
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const uint32_t byte = uint32_t(2 * (t & 1) + b);
+        const uint32_t sel = byte | 0x40u | (byte << 8) | 0x4000u;  // the byte in both halves
+        Y0[b] = __byte_perm(u0, 0u, sel);
+        Y1[b] = __byte_perm(u1, 0u, sel);
+        big |= ((Y0[b] & 0xFFu) > kSOne) | ((Y1[b] & 0xFFu) > kSOne);
+      }
+      const bool wide = __any_sync(0xFFFFFFFFu, big);  // warp-uniform: two-multiply decode of this stage
+      uint32_t S0[2], S1[2], E0[2] = {0u, 0u}, E1[2] = {0u, 0u};
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        S0[b] = wide ? scale_lo(Y0[b]) : scale_one(Y0[b]);
+        S1[b] = wide ? scale_lo(Y1[b]) : scale_one(Y1[b]);
+        if (wide) {
+          E0[b] = scale_hi(Y0[b]);
+          E1[b] = scale_hi(Y1[b]);
+        }
+      }
+      uint32_t q0[8], q1[8];  // bytes 32t .. 32t + 31 of the two rows (chunks 2t, 2t + 1)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint4 x0 = *reinterpret_cast<const uint4*>(st + wo0[i]);
+        const uint4 x1 = *reinterpret_cast<const uint4*>(st + wo1[i]);
+        q0[4 * i] = x0.x; q0[4 * i + 1] = x0.y; q0[4 * i + 2] = x0.z; q0[4 * i + 3] = x0.w;
+        q1[4 * i] = x1.x; q1[4 * i + 1] = x1.y; q1[4 * i + 2] = x1.z; q1[4 * i + 3] = x1.w;
+      }
       const uint64_t dstage = desc0 + uint64_t((s * kStageBytes) >> 4);
 #pragma unroll
       for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
-      // One stage: decode (one multiply, or two when a byte of the warp's tile is above kSOne) and
-      // the wgmma batches; the two forms are separate code (warp-uniform branch).
-      auto stage = [&](auto wide_t) {
-        constexpr bool kWide = decltype(wide_t)::value;
-        uint32_t S0[2], S1[2], E0[2], E1[2];
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const uint32_t byte = uint32_t(2 * (t & 1) + b);
-          const uint32_t sel = byte | 0x40u | (byte << 8) | 0x4000u;  // the byte in both halves
-          const uint32_t y0 = __byte_perm(u0, 0u, sel), y1 = __byte_perm(u1, 0u, sel);
-          S0[b] = kWide ? scale_lo(y0) : scale_one(y0);
-          S1[b] = kWide ? scale_lo(y1) : scale_one(y1);
-          if constexpr (kWide) {
-            E0[b] = scale_hi(y0);
-            E1[b] = scale_hi(y1);
-          }
-        }
-        uint32_t q0[8], q1[8];  // bytes 32t .. 32t + 31 of the two rows (chunks 2t, 2t + 1)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint4 x0 = *reinterpret_cast<const uint4*>(st + wo0[i]);
-          const uint4 x1 = *reinterpret_cast<const uint4*>(st + wo1[i]);
-          q0[4 * i] = x0.x; q0[4 * i + 1] = x0.y; q0[4 * i + 2] = x0.z; q0[4 * i + 3] = x0.w;
-          q1[4 * i] = x1.x; q1[4 * i + 1] = x1.y; q1[4 * i + 2] = x1.z; q1[4 * i + 3] = x1.w;
-        }
-#pragma unroll
-        for (int qb = 0; qb < Q; ++qb) {
-          uint32_t a[kPer][4];
+      for (int qb = 0; qb < Q; ++qb) {
+        uint32_t a[kPer][4];
+        auto decode = [&](auto wide_t) {
+          constexpr bool kWide = decltype(wide_t)::value;
 #pragma unroll
           for (int jj = 0; jj < kPer; ++jj) {
             const int j = qb * kPer + jj, q = 2 * (j & 1);
@@ -815,27 +816,28 @@ __global__ void __launch_bounds__(288, 2)
             a[jj][2] = bmul2(mxfp4_packed_pair(x0, q + 1), sA);
             a[jj][3] = bmul2(mxfp4_packed_pair(x1, q + 1), sB);
             if constexpr (kWide) {
-              a[jj][0] = bmul2(a[jj][0], E0[j >> 3]);
-              a[jj][1] = bmul2(a[jj][1], E1[j >> 3]);
-              a[jj][2] = bmul2(a[jj][2], E0[j >> 3]);
-              a[jj][3] = bmul2(a[jj][3], E1[j >> 3]);
+              const uint32_t eA = E0[j >> 3], eB = E1[j >> 3];
+              a[jj][0] = bmul2(a[jj][0], eA);
+              a[jj][1] = bmul2(a[jj][1], eB);
+              a[jj][2] = bmul2(a[jj][2], eA);
+              a[jj][3] = bmul2(a[jj][3], eB);
             }
           }
-          cute::warpgroup_arrive();
+        };
+        if (wide)
+          decode(std::true_type{});
+        else
+          decode(std::false_type{});
+        cute::warpgroup_arrive();
 #pragma unroll
-          for (int jj = 0; jj < kPer; ++jj) {
-            const int j = qb * kPer + jj;
-            wgmma_call<NT>(a[jj], dstage + uint64_t(((j >> 2) * NT * 128 + (j & 3) * 32) >> 4), acc,
-                           std::make_index_sequence<NT / 2>{});
-          }
-          cute::warpgroup_commit_batch();
-          if (qb > 0 && qb + 1 < Q) cute::warpgroup_wait<1>();  // batch qb - 1 done: its registers are free again
+        for (int jj = 0; jj < kPer; ++jj) {
+          const int j = qb * kPer + jj;
+          wgmma_call<NT>(a[jj], dstage + uint64_t(((j >> 2) * NT * 128 + (j & 3) * 32) >> 4), acc,
+                         std::make_index_sequence<NT / 2>{});
         }
-      };
-      if (__any_sync(0xFFFFFFFFu, big != 0u))
-        stage(std::true_type{});
-      else
-        stage(std::false_type{});
+        cute::warpgroup_commit_batch();
+        if (qb > 0 && qb + 1 < Q) cute::warpgroup_wait<1>();  // batch qb - 1 done: its registers are free again
+      }
       cute::warpgroup_wait<0>();
 #pragma unroll
       for (int i = 0; i < NT / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
