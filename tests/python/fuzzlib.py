@@ -56,6 +56,9 @@ CATEGORIES = {
     "wrong_result": "a successful call's result differs from the reference",
     "precision_loss": "a finite input decodes to NaN/Inf or to an error beyond the format's bound",
     "refused_valid": "a valid call was refused",
+    "temp_file_left": "a temporary file was left in the output directory",
+    "stray_file": "a file other than the named output was written, or a non-regular path was replaced",
+    "slow": "an input was processed far slower than its size warrants",
     "harness_error": "the fuzzer itself failed on a call",
 }
 
@@ -1921,16 +1924,23 @@ class Summary:
         return "\n".join(lines)
 
 
-def _worker_cmd(seed, start, stop, deadline):
-    return [sys.executable, os.path.abspath(__file__), "--worker", "--seed", str(seed), "--start", str(start),
+def _worker_cmd(script, seed, start, stop, deadline):
+    return [sys.executable, script, "--worker", "--seed", str(seed), "--start", str(start),
             "--stop", str(stop), "--deadline", repr(deadline)]
 
 
-def run_api_fuzz(seed=0, seconds=60.0, calls=None, call_timeout=120.0, env=None, max_restarts=500,
-                 log=None):
-    """Runs the fuzzer in worker processes for `seconds` (or exactly `calls` calls, the known
-    repros included); returns a Summary. A worker that dies is a finding (crash / sanitizer)
-    and a new worker goes on after the call that killed it."""
+def run_api_fuzz(seed=0, seconds=60.0, calls=None, **kw):
+    """Runs the API fuzzer in worker processes for `seconds` (or exactly `calls` calls, the known
+    repros included); returns a Summary."""
+    return run_fuzz(os.path.abspath(__file__), _describe_index, seed, seconds, calls, **kw)
+
+
+def run_fuzz(script, describe_fn, seed=0, seconds=60.0, calls=None, call_timeout=180.0, env=None,
+             max_restarts=500, log=None):
+    """Runs `script --worker` processes for `seconds` (or exactly `calls` items); returns a
+    Summary. A worker that dies is a finding (crash / sanitizer) and a new worker goes on after
+    the item that killed it."""
+    _describe_index = describe_fn  # noqa: N806
     summ = Summary()
     deadline = time.time() + (seconds if calls is None else 10 ** 7)
     stop = calls if calls is not None else 1 << 62
@@ -1938,7 +1948,7 @@ def run_api_fuzz(seed=0, seconds=60.0, calls=None, call_timeout=120.0, env=None,
     env = dict(os.environ if env is None else env)
     env.setdefault("PYTHONFAULTHANDLER", "1")
     while start < stop and time.time() < deadline and summ.restarts <= max_restarts:
-        p = subprocess.Popen(_worker_cmd(seed, start, stop, deadline), stdout=subprocess.PIPE,
+        p = subprocess.Popen(_worker_cmd(script, seed, start, stop, deadline), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, env=env)
         cur, done, stray = None, None, []
         buf = b""
