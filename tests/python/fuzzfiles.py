@@ -50,10 +50,13 @@ CLI_EVERY = int(os.environ.get("LOWBIT_FUZZ_CLI_EVERY", "25"))
 
 
 def _lowbit_env():
+    """The environment of a `python -m lowbit` subprocess: the lowbit package this process
+    imported (a sanitized build included) first on PYTHONPATH."""
+    import lowbit
+
     env = dict(os.environ)
-    pp = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
-    if os.path.isdir(os.path.join(pp, "lowbit")):
-        env["PYTHONPATH"] = pp + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    pp = os.path.dirname(os.path.dirname(os.path.abspath(lowbit.__file__)))
+    env["PYTHONPATH"] = pp + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("LOWBIT_TRACEBACK", None)
     return env
 
