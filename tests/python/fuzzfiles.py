@@ -524,9 +524,9 @@ def sc_input_fifo(d):
     fifo = os.path.join(d, "in.fifo")
     os.mkfifo(fifo)
     rc, out, err = _cli(["quantize", fifo, os.path.join(d, "o.safetensors"), "--format", "mxfp4", "-q"], d,
-                        timeout=20)
+                        timeout=10)
     if rc == "timeout":
-        return [("hang", "a FIFO given as input: the CLI waits forever (killed after 20 s)")]
+        return [("hang", "a FIFO given as input: the CLI waits forever (killed after 10 s)")]
     return judge_cli(rc, out, err, True, "input is a FIFO")
 
 
@@ -797,7 +797,7 @@ def worker(seed, start, stop, deadline, out=sys.stdout):
 
     faulthandler.enable()
     i = start
-    while i < stop and time.time() < deadline:
+    while i < stop and (i < len(KNOWN_FILES) or time.time() < deadline):
         out.write(f"B {i}\n")
         out.flush()
         desc = f"case {i}"
@@ -822,6 +822,7 @@ def describe_index(seed, i):
 
 
 def run_file_fuzz(seed=0, seconds=60.0, files=None, **kw):
+    kw.setdefault("min_items", len(KNOWN_FILES))
     return fuzzlib.run_fuzz(os.path.abspath(__file__), describe_index, seed, seconds, files, **kw)
 
 
