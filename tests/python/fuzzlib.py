@@ -497,10 +497,11 @@ def odd_dim(rng, hi=150):
     return int(pick(rng, [1, 2, 3, 5, 7, 8, 31, 33, 127, 128, 129, int(rng.integers(1, hi + 1))]))
 
 
-def rand_x(rng, shape, dtype=np.float32, block=None):
+def rand_x(rng, shape, dtype=np.float32, block=None, spread=8):
+    """Normal values, each row scaled by 2^e, e uniform in [-spread, spread]."""
     x = rng.standard_normal(shape).astype(np.float32)
     if len(shape):
-        x *= np.exp2(rng.integers(-8, 9, size=tuple(shape[:-1]) + (1,))).astype(np.float32)
+        x *= np.exp2(rng.integers(-spread, spread + 1, size=tuple(shape[:-1]) + (1,))).astype(np.float32)
     if block and x.size and rng.random() < 0.3:  # an all-zero block
         x.reshape(-1, block)[int(rng.integers(x.size // block))] = 0
     return x.astype(dtype)
@@ -577,6 +578,8 @@ class Spec:
         self.op, self.fn, self.params, self.kinds = op, fn, dict(params), dict(kinds)
         self.check, self.outputs, self.required = check, set(outputs), set(required)
         self.extra, self.choices = list(extra), dict(choices or {})
+        self.none_ok = {"block", "row_align", "rows", "cols"} & set(self.params)
+        self.check_of = None
 
     def call(self, params=None, expect="ok", check=None, note=""):
         p = self.params if params is None else params
@@ -632,7 +635,8 @@ def mutate(spec, rng):
         note, change, expect = pick(rng, spec.extra)
         p = dict(spec.params)
         p.update(change)
-        return spec.call(p, expect, _metamorphic_any(spec, p) if expect == "either" else None, note)
+        chk = spec.check_of(p) if expect == "either" and spec.check_of else None
+        return spec.call(p, expect, chk, note)
     names = [n for n, k in spec.kinds.items() if k != "fixed"]
     name = pick(rng, names)
     kind = spec.kinds[name]
@@ -643,7 +647,7 @@ def mutate(spec, rng):
         p[name] = val
         return spec.call(p, expect, check, f"{name}: {note}")
 
-    if kind in ("in", "in_bytes", "out", "indptr") and isinstance(v, np.ndarray):
+    if kind in ("in", "in_bytes", "in_any", "out", "indptr") and isinstance(v, np.ndarray):
         r = rng.random()
         if r < 0.4:  # the same values in another storage
             how = pick(rng, list(STORAGE))
@@ -658,7 +662,8 @@ def mutate(spec, rng):
             bad = {"in": [np.bool_, np.int32, np.int8, np.uint8, np.complex64, np.int64],
                    "in_bytes": [np.bool_, np.float32, np.int32, np.float16],
                    "out": [np.bool_, np.int32, np.float64, np.uint8],
-                   "indptr": [np.bool_, np.float32, np.float64, np.uint8]}[kind]
+                   "indptr": [np.bool_, np.float32, np.float64, np.uint8],
+                   "in_any": [np.bool_, np.int32, np.int8, np.float16, np.int64, np.uint16]}[kind]
             dt = np.dtype(pick(rng, bad))
             if dt == v.dtype:
                 dt = np.dtype(np.bool_)
@@ -668,6 +673,10 @@ def mutate(spec, rng):
                                                                                     else v).astype(dt)
             if kind == "in" and dt == np.float64:
                 return done(w, "either", "float64 input")
+            if kind == "in_any":  # layout ops move 1- and 4-byte elements whatever their type
+                ok = dt.itemsize in (1, 4)
+                return done(w, "either" if ok else "refuse", f"dtype {dt.name}",
+                            spec.check_of({**p, name: w}) if ok and spec.check_of else None)
             return done(w, "refuse", f"dtype {dt.name} instead of {v.dtype.name}")
         if r < 0.75:  # wrong shape
             shp = list(v.shape)
@@ -691,8 +700,9 @@ def mutate(spec, rng):
                                                    strides=(0,) * v.ndim, writeable=False)
             return done(huge, "either", "huge stride-0 view")
         if r < 0.9:
-            return done(pick(rng, [None, "x", 1.5, [[1.0, 2.0]], object()]), "either" if name not in spec.required
-                        else "refuse", "not an array")
+            val = pick(rng, [None, "x", 1.5, [[1.0, 2.0]], object()])
+            expect = "either" if name not in spec.required or isinstance(val, (list, float)) else "refuse"
+            return done(val, expect, "not an array")
         if kind == "indptr":
             return mutate_indptr(spec, rng, name, p)
         return done(v[..., :0] if v.ndim else v, "either", "empty")
@@ -700,11 +710,13 @@ def mutate(spec, rng):
         return mutate_indptr(spec, rng, name, p)
     if kind == "int":
         val, expect = pick(rng, INT_BAD)
+        if val is None and name in spec.none_ok:
+            expect = "either"
         return done(val, expect, "bad integer")
     if kind == "size":
         val = pick(rng, [-1, -5, 0, 2 ** 31, 2 ** 62, 2 ** 63 - 1, 2 ** 64, 1.5, "3", None])
         expect = "refuse" if (not isinstance(val, int) or val < 0 or val >= 2 ** 63) else "either"
-        return done(val, expect, "size", spec.check_of(p | {name: val}) if expect == "either" and hasattr(spec, "check_of")
+        return done(val, expect, "size", spec.check_of(p | {name: val}) if expect == "either" and spec.check_of
                     else None)
     if kind == "shape":
         val = pick(rng, [(-1,) + tuple(v[1:]), (2 ** 62,) + tuple(v[1:]), (v[0] + 0.5,) + tuple(v[1:]),
@@ -723,9 +735,10 @@ def mutate(spec, rng):
         val = pick(rng, [float("nan"), float("inf"), -1.0, "1.0", None])
         return done(val, "refuse" if val is None or isinstance(val, str) else "either", "bad float")
     if kind in ("choice", "fmt", "dtype"):
-        val = pick(rng, CHOICE_BAD + ["float8_e4m3", "int4" if kind == "dtype" else "bfloat16"])
+        val = pick(rng, CHOICE_BAD + ["int4" if kind == "dtype" else "bfloat16"])
         ok = spec.choices.get(name)
-        expect = "either" if (ok is not None and _hashable_in(val, ok)) else "refuse"
+        expect = "either" if (ok is not None and _hashable_in(val, ok)) or (val is None and name not in spec.required) \
+            else "refuse"
         return done(val, expect, "bad choice")
     if kind == "bool":
         val = pick(rng, ["yes", "no", 2, None, np.bool_(True), [True]])
@@ -739,12 +752,6 @@ def _hashable_in(v, seq):
         return v in seq
     except TypeError:
         return False
-
-
-def _metamorphic_any(spec, params):
-    def check(res):
-        return None
-    return check
 
 
 def mutate_indptr(spec, rng, name, p):
@@ -877,12 +884,13 @@ def gen_quantize(rng):
     batched = rng.random() < 0.25
     shape = (int(rng.integers(1, 4)), M, K) if batched else (M, K)
     dt = pick(rng, FLOAT_IN)
-    x = rand_x(rng, shape, dt, f.block)
+    # NVFP4's E4M3 block scales span 2^17 under one per-tensor scale: rows within 2^6 of each other
+    x = rand_x(rng, shape, dt, f.block, spread=3 if name == "nvfp4" else 8)
     params = {"x": x, "fmt": name, "layout": layout}
     kinds = {"x": "in", "fmt": "fmt", "layout": "choice"}
     params.update(kw)
     for k in kw:
-        kinds[k] = "eps" if k == "eps" else "choice"
+        kinds[k] = "eps" if k == "eps" else ("int" if k == "block" else "choice")
     if layout == "col_major" or rng.random() < 0.1:
         params["row_align"] = row_align
         kinds["row_align"] = "int"
@@ -950,7 +958,7 @@ def gen_quantize_special(rng):
     name = pick(rng, list(FORMAT_INFO))
     f = lb.Format(name)
     M, K = odd_dim(rng, 40), f.block * int(rng.integers(1, 4))
-    x = rand_x(rng, (M, K), np.float32, f.block)
+    x = rand_x(rng, (M, K), np.float32, f.block, spread=3 if name == "nvfp4" else 8)
     special = pick(rng, ["nan", "inf", "-inf", "huge", "tiny"])
     n = int(rng.integers(1, 3))
     idx = (rng.integers(M, size=n), rng.integers(K, size=n))
@@ -1194,20 +1202,30 @@ def gen_convert_layout(rng):
     if stored.ndim == 2:
         want = want[0]
 
-    def check(res):
-        return same_bytes(np.asarray(res).view(np.uint8) if np.asarray(res).dtype.itemsize == 1 else res,
-                          want.view(np.uint8) if want.dtype.itemsize == 1 else want, f"convert {src}->{dst}")
+    def check_of(p):
+        st_ = np.asarray(p["scales"])
+        s_ = st_.reshape((-1,) + stored_dims(src, R, C, sra)) if st_.ndim != 3 else st_
+        w = np.stack([to_layout(unlayout(s_[i], src, R, C, sra), dst, dra) for i in range(s_.shape[0])])
+        if st_.ndim == 2:
+            w = w[0]
 
+        def check(res):
+            return same_bytes(np.asarray(res), w, f"convert {src}->{dst}")
+        return check
+
+    check = check_of({"scales": stored})
     params = {"scales": stored, "rows": R, "cols": C, "src": src, "dst": dst, "src_row_align": sra,
               "dst_row_align": dra}
-    return Spec("convert_scale_layout", lambda scales, rows, cols, src, dst, **kw:
+    spec = Spec("convert_scale_layout", lambda scales, rows, cols, src, dst, **kw:
                 lb.convert_scale_layout(scales, rows, cols, src, dst, **kw), params,
-                {"scales": "in_bytes", "rows": "int", "cols": "int", "src": "choice", "dst": "choice",
+                {"scales": "in_any", "rows": "int", "cols": "int", "src": "choice", "dst": "choice",
                  "src_row_align": "int", "dst_row_align": "int"}, check, required={"scales"},
                 extra=[("R = 2**62, C = 4", {"rows": 2 ** 62, "cols": 4}, "refuse"),
                        ("rows = -3", {"rows": -3}, "refuse"),
                        ("rows = 2**63 - 1", {"rows": 2 ** 63 - 1, "cols": 2 ** 20}, "refuse")],
                 choices={"src": LAYOUT_NAMES, "dst": LAYOUT_NAMES})
+    spec.check_of = check_of
+    return spec
 
 
 def gen_convert_raw(rng):
@@ -1251,14 +1269,21 @@ def gen_interleave(rng):
             return np.stack([to_layout(v[i], "blocked128x4") for i in range(v.shape[0])])
         return to_layout(v, "blocked128x4")
 
-    def check(res):
-        return same_bytes(np.asarray(res), want_of(s), "block_scale_interleave" + (" round trip" if roundtrip else ""))
+    def check_of(p):
+        w = want_of(p["scales"])
 
-    return Spec("block_scale_interleave" + ("+deinterleave" if roundtrip else ""), fn,
+        def check(res):
+            return same_bytes(np.asarray(res), w, "block_scale_interleave" + (" round trip" if roundtrip else ""))
+        return check
+
+    spec = Spec("block_scale_interleave" + ("+deinterleave" if roundtrip else ""), fn,
                 {"scales": s, "rows": R, "cols": C},
-                {"scales": "in_bytes", "rows": "int", "cols": "int"} if roundtrip else {"scales": "in_bytes"}, check,
+                {"scales": "in_any", "rows": "int", "cols": "int"} if roundtrip else {"scales": "in_any"},
+                check_of({"scales": s}),
                 required={"scales"},
                 extra=[("Fortran-ordered scales", {"scales": np.asfortranarray(s) if s.ndim == 2 else s}, "either")])
+    spec.check_of = check_of
+    return spec
 
 
 def gen_nf4k(rng):
@@ -1629,7 +1654,7 @@ def gen_format(rng):
     kw = random_format_kwargs(rng, name)
     if rng.random() < 0.5:
         kw["eps"] = 1e-10
-    kinds = {k: ("eps" if k == "eps" else "int" if k == "block" else "choice") for k in kw}
+    kinds = {k: ("eps" if k == "eps" else "int" if k == "block" else "choice") for k in kw}  # noqa: E501
     kinds["name"] = "fmt"
     return Spec("Format", lambda name, **k: lb.Format(name, **k), {"name": name, **kw}, kinds, None,
                 required={"name"}, choices={"name": tuple(FORMAT_INFO)})
