@@ -9,7 +9,7 @@
 # 2. Runs the C++ tests (ctest -LE gpu) under the sanitizers.
 # 3. Runs tests/python/fuzzlib.py (API calls) and tests/python/fuzzfiles.py (mutated safetensors
 #    files through the reader and the CLI) with the sanitized module, the interpreter started
-#    with LD_PRELOAD=libasan (ASAN_OPTIONS: detect_leaks=0, allocator_may_return_null=1 so that a
+#    with LD_PRELOAD="libasan libstdc++" (ASAN_OPTIONS: detect_leaks=0, allocator_may_return_null=1 so that a
 #    huge allocation is a MemoryError as without ASan).
 # 4. Prints one summary line:
 #    calls=N files=N crashes=N sanitizer=N wrong_results=N outputs_changed=N unnamed_refusals=N ...
@@ -31,9 +31,12 @@ seed=${LOWBIT_FUZZ_SEED:-1}
 jobs=${JOBS:-2}
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 
+# the interpreter does not link libstdc++: preload it with libasan, or ASan's __cxa_throw
+# interceptor finds no real __cxa_throw and every C++ exception of the module aborts
 libasan=$(${CXX:-g++} -print-file-name=libasan.so)
-if [ ! -e "$libasan" ]; then
-  echo "fuzz.sh: libasan.so not found (g++ -print-file-name=libasan.so gave '$libasan')" >&2
+libstdcxx=$(${CXX:-g++} -print-file-name=libstdc++.so)
+if [ ! -e "$libasan" ] || [ ! -e "$libstdcxx" ]; then
+  echo "fuzz.sh: libasan.so / libstdc++.so not found (g++ -print-file-name gave '$libasan', '$libstdcxx')" >&2
   exit 2
 fi
 
@@ -70,7 +73,7 @@ fi
 
 echo "== fuzzing the API ($calls calls) and the files ($files files), seed $seed"
 export PYTHONPATH="$build/pkg"
-export LD_PRELOAD="$libasan"
+export LD_PRELOAD="$libasan $libstdcxx"
 export LOWBIT_FUZZ_SEED=$seed
 "$py" -c "import lowbit, sys; sys.exit(0 if lowbit.__file__.startswith('$build/pkg') else 1)" || {
   echo "fuzz.sh: the sanitized module does not import" >&2; exit 2; }

@@ -56,6 +56,7 @@ CATEGORIES = {
     "wrong_result": "a successful call's result differs from the reference",
     "precision_loss": "a finite input decodes to NaN/Inf or to an error beyond the format's bound",
     "refused_valid": "a valid call was refused",
+    "unclear_refusal": "a refusal that does not say what is expected",
     "temp_file_left": "a temporary file was left in the output directory",
     "stray_file": "a file other than the named output was written, or a non-regular path was replaced",
     "slow": "an input was processed far slower than its size warrants",
@@ -142,9 +143,10 @@ class Call:
     check(result) -> None or a failure message; outputs: names of the arguments the call may
     write on success."""
 
-    def __init__(self, op, fn, args=(), kwargs=None, expect="ok", check=None, outputs=(), note=""):
+    def __init__(self, op, fn, args=(), kwargs=None, expect="ok", check=None, outputs=(), note="", must_say=None):
         self.op, self.fn, self.args, self.kwargs = op, fn, tuple(args), dict(kwargs or {})
         self.expect, self.check, self.outputs, self.note = expect, check, set(outputs), note
+        self.must_say = must_say  # a refusal's message must contain this
 
     def describe(self) -> str:
         parts = [describe(a) for a in self.args] + [f"{k}={describe(v)}" for k, v in self.kwargs.items()]
@@ -230,6 +232,8 @@ def run_call(call, errors=None):
             findings.append(("unnamed_refusal", f"{type(e).__name__}: {msg}"))
         elif call.expect == "ok":
             findings.append(("refused_valid", f"{type(e).__name__}: {msg}"))
+        elif call.must_say and call.must_say not in str(e):
+            findings.append(("unclear_refusal", f"the message does not say {call.must_say!r}: {msg}"))
         for path, ro in changed(snaps):
             findings.append(("readonly_written" if ro else "output_changed",
                              f"{path} changed although the call raised {type(e).__name__}: {msg[:120]}"))
@@ -1690,8 +1694,8 @@ def _known_calls():
     rng = np.random.default_rng(12)
     calls = []
 
-    def add(op, fn, kwargs, expect, check=None, note="", outputs=()):
-        calls.append(Call(op, fn, (), kwargs, expect, check, outputs, note))
+    def add(op, fn, kwargs, expect, check=None, note="", outputs=(), must_say=None):
+        calls.append(Call(op, fn, (), kwargs, expect, check, outputs, note, must_say))
 
     ss = lambda **p: lb.scale_shape(p.pop("fmt"), p.pop("layout"), p.pop("L"), p.pop("M"), p.pop("K"),  # noqa: E731
                                     p.pop("groups", 0))
@@ -1760,7 +1764,7 @@ def _known_calls():
         dict(data=np.asarray(qt.data) > 7, scales=qt.scales), "refuse", note="bool codes")
     m = gen_moe(np.random.default_rng(4))
     add(m.op, m.fn, {**m.params, "topk_ids": np.asarray(m.params["topk_ids"]).astype(np.int64)}, "either",
-        note="int64 topk_ids")
+        m.check, note="int64 topk_ids (torch.topk's dtype)", must_say="int32")
     add("Quantized", lambda **k: lb.dequantize(lb.Quantized(**k)),
         dict(data=qt.data, scales=qt.scales, format="mxfp4", m_indptr=[0, 5]), "either", note="m_indptr as a list")
     add("Quantized", lambda **k: lb.dequantize(lb.Quantized(**k)),
@@ -2027,9 +2031,9 @@ def run_fuzz(script, describe_fn, seed=0, seconds=60.0, calls=None, call_timeout
             m = SANITIZER_RE.search(text)
             if not any(f["i"] == cur and f["cat"] in ("sanitizer", "hang") for f in summ.findings):
                 cat = "sanitizer" if m else "crash"
-                sig = -rc if rc < 0 else rc
-                tail = [s for s in stray if s.strip()][-3:]
-                summ.findings.append({"i": cur, "cat": cat, "msg": f"worker died (rc {rc}, signal {sig}): "
+                how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+                tail = [s for s in stray if s.strip() and not s.lstrip().startswith("#")][-3:]
+                summ.findings.append({"i": cur, "cat": cat, "msg": f"worker died ({how}): "
                                       + " | ".join(tail)[:400], "call": _describe_index(seed, cur)})
             summ.calls += cur + 1 - start
             start = cur + 1

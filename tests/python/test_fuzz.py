@@ -20,7 +20,7 @@ CALLS = fuzzlib.env_int("LOWBIT_FUZZ_CALLS", None)
 
 API_CATEGORIES = ["crash", "sanitizer", "hang", "foreign_error", "unnamed_refusal", "output_changed",
                   "readonly_written", "input_changed", "accepted_invalid", "wrong_result", "precision_loss",
-                  "refused_valid", "harness_error"]
+                  "refused_valid", "unclear_refusal", "harness_error"]
 
 
 @pytest.fixture(scope="module")
