@@ -2048,7 +2048,8 @@ def run_fuzz(script, describe_fn, seed=0, seconds=60.0, calls=None, call_timeout
             if not any(f["i"] == cur and f["cat"] in ("sanitizer", "hang") for f in summ.findings):
                 cat = "sanitizer" if m else "crash"
                 how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
-                tail = [s for s in stray if s.strip() and not s.lstrip().startswith("#")][-3:]
+                key = [s.strip() for s in stray if re.search(r"Fatal Python error|ERROR|runtime error|SUMMARY|Bus error", s)]
+                tail = key[:3] or [s for s in stray if s.strip() and not s.lstrip().startswith("#")][-3:]
                 summ.findings.append({"i": cur, "cat": cat, "msg": f"worker died ({how}): "
                                       + " | ".join(tail)[:400], "call": _describe_index(seed, cur)})
             summ.calls += cur + 1 - start
