@@ -1585,6 +1585,7 @@ def gen_group_gemm(rng):
     if rng.random() < 0.3:
         params["out"] = np.full((M, N), np.nan, np.float16)
         kinds["out"] = "out"
+        kinds["out_dtype"] = "fixed"  # unused when out is given
         outputs.add("out")
     ref = np.concatenate([A[int(ind[g]):int(ind[g + 1])] @ B[g].T for g in range(G)]) if M else np.zeros((0, N))
 
@@ -1870,31 +1871,44 @@ def _sqnr_check(x):
 
 
 def _race_m_indptr():
-    """quantize with an m_indptr that another thread flips between a valid and an invalid value."""
+    """quantize and convert_scale_layout with an m_indptr that another thread rewrites during the
+    calls (the binding runs without the GIL): each call refuses or succeeds, no crash and no
+    sanitizer report. The thread switch interval is shortened so that the writes interleave."""
     import threading
 
     lb = _lb()
-    M, K = 256, 64
+    M, K = 4096, 64
     x = np.ones((M, K), np.float32)
-    ind = np.array([0, 128, M], np.int64)
+    ind = np.array([0, M // 2, M], np.int64)
+    s = np.ones((M, 2), np.uint8)
     stop = threading.Event()
+    bad = [2 ** 40, -2 ** 40, M + 1000, -7]
 
     def flip():
+        k = 0
         while not stop.is_set():
-            ind[1] = 2 ** 40
-            ind[1] = 128
+            ind[1] = bad[k % 4]
+            ind[1] = M // 2
+            k += 1
 
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
     t = threading.Thread(target=flip, daemon=True)
     t.start()
     try:
-        for _ in range(300):
+        for i in range(150):
             try:
-                lb.quantize(x, "mxfp8_e4m3", "blocked128x4", m_indptr=ind)
+                if i % 2:
+                    lb.quantize(x, "mxfp8_e4m3", "blocked128x4", m_indptr=ind, group_pad="cumsum" if i % 4 == 1
+                                else "flashinfer")
+                else:
+                    lb.convert_scale_layout(s, M, 2, "row_major", "blocked128x4", m_indptr=ind)
             except ValueError:
                 pass
     finally:
         stop.set()
         t.join()
+        sys.setswitchinterval(old)
     return None
 
 
