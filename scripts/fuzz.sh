@@ -96,7 +96,7 @@ keys = [("crashes", "crash"), ("sanitizer", "sanitizer"), ("hangs", "hang"), ("w
         ("accepted_invalid", "accepted_invalid"), ("refused_valid", "refused_valid"),
         ("temp_files_left", "temp_file_left"), ("stray_files", "stray_file"), ("slow", "slow"),
         ("harness_errors", "harness_error")]
-line = f"calls={api['calls']} files={api.get('files', fil.get('files', 0)) if 'files' in api else fil['files']} " + \
+line = f"calls={api['calls']} files={fil['files']} " + \
        " ".join(f"{k}={c.get(v, 0)}" for k, v in keys) + f" ctest_failed={sys.argv[3]}"
 print("== summary: " + line)
 sys.exit(0 if sum(c.values()) == 0 and sys.argv[3] == "0" else 1)
