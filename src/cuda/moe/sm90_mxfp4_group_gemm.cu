@@ -637,6 +637,8 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
         }
       }
     };
+    // NOTE: the choice is warp-uniform, not warpgroup-uniform: only the decode may sit under it;
+    // every wgmma stays in code that all four warps of the warpgroup execute.
     if (__any_sync(0xFFFFFFFFu, big))
       decode(std::true_type{});
     else
@@ -824,6 +826,8 @@ __global__ void __launch_bounds__(288, 2)
             }
           }
         };
+        // NOTE: warp-uniform branch around the decode only: the wgmma below is issued by all four
+        // warps of the warpgroup whatever their choice (a wgmma under the branch lost NaN scale bytes)
         if (wide)
           decode(std::true_type{});
         else
