@@ -622,10 +622,17 @@ def block_scale_interleave(scales):
         raise ValueError(f"block_scale_interleave: argument 'scales': expected [R, C] or [L, R, C], "
                          f"got shape {tuple(scales.shape)}")
     R, C = int(scales.shape[-2]), int(scales.shape[-1])
-    return convert_scale_layout(scales, R, C, "row_major", "blocked128x4")
+    try:
+        return convert_scale_layout(scales, R, C, "row_major", "blocked128x4")
+    except ValueError as e:  # named as this function's error
+        raise _renamed(e, "convert_scale_layout", "block_scale_interleave", {"scales": "scales"}) from None
 
 
 def block_scale_deinterleave(scales, rows: int, cols: int):
     """Inverse of block_scale_interleave: 128x4 blocked scales -> row-major [rows, cols]
     ([L, rows, cols] for L matrices)."""
-    return convert_scale_layout(scales, rows, cols, "blocked128x4", "row_major")
+    try:
+        return convert_scale_layout(scales, rows, cols, "blocked128x4", "row_major")
+    except ValueError as e:  # named as this function's error
+        raise _renamed(e, "convert_scale_layout", "block_scale_deinterleave",
+                       {"scales": "scales", "rows": "rows", "cols": "cols"}) from None
