@@ -136,3 +136,15 @@ def test_dequantize_checkpoint_refuses_unknown_metadata_dtype(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert "'layer.weight'" in err and "dtype" in err, err
     assert not out.exists()
+
+
+def test_cpp_api_refuses_row_align_below_one_for_every_layout():
+    """The C++ checks too (for callers of the C++ API), not only the Python wrappers."""
+    from lowbit import _C
+    from lowbit.ops import _PLAIN_FMT
+
+    for kind in (_C.ScaleLayoutKind.row_major, _C.ScaleLayoutKind.col_major, _C.ScaleLayoutKind.blocked128x4,
+                 _C.ScaleLayoutKind.blocked8x4):
+        with pytest.raises(ValueError, match="scale_shape: argument 'layout': .*row_align must be >= 1"):
+            _C.scale_shape(*_PLAIN_FMT.c_args(), kind, 0, _C.GroupPad.none, 1, 4, 64, 0)
+        assert len(_C.scale_shape(*_PLAIN_FMT.c_args(), kind, 1, _C.GroupPad.none, 1, 4, 64, 0)) == 3
