@@ -289,10 +289,15 @@ def is_contiguous(a) -> bool:
     return a.flags.c_contiguous
 
 
-def contiguous(a):
-    """`a` in row-major (C) order: `a` itself when it already is, else a copy."""
+def contiguous(a, op: str | None = None, arg: str | None = None):
+    """`a` in row-major (C) order: `a` itself when it already is, else a copy.
+
+    With `op` / `arg`, a host copy larger than the host's physical memory (e.g. of a huge
+    stride-0 view) is refused with ValueError naming the argument before anything is allocated."""
     if is_contiguous(a):
         return a
+    if op is not None:
+        check_host_copy(a, op, arg)
     if is_torch(a):
         return a.contiguous()
     return np.ascontiguousarray(a)
@@ -317,6 +322,19 @@ def _host_memory_bytes() -> int:
         except (ValueError, OSError, AttributeError):
             _HOST_MEMORY.append(1 << 62)
     return _HOST_MEMORY[0]
+
+
+def check_host_copy(a, op: str, arg: str):
+    """Refuses (ValueError naming `arg`) a host array whose contiguous copy would not fit in the
+    host's physical memory (a huge stride-0 view has no memory behind it, its copy would)."""
+    if is_torch(a) and a.is_cuda:
+        return
+    n = int(a.dtype.itemsize) if hasattr(a.dtype, "itemsize") else int(a.element_size())
+    for d in a.shape:
+        n *= int(d)
+    if n > _host_memory_bytes():
+        raise ValueError(f"{op}: argument '{arg}': a contiguous copy of shape {tuple(int(d) for d in a.shape)} "
+                         f"({n} bytes) exceeds the host's physical memory")
 
 
 class Backend:

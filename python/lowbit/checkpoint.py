@@ -641,7 +641,7 @@ def check_entries(f: st.SafetensorsFile, entries: Dict[str, Any]) -> Dict[str, T
     role)} of the tensors the entries own. Every problem is a CheckpointError naming the entry:
     a tensor owned twice (by two entries, or twice by one), a missing tensor, a format whose
     global amax or zero points the entry does not give (or gives where the format has none), a
-    malformed shape."""
+    malformed shape, an original dtype other than F32 / F16 / BF16."""
     owned: Dict[str, Tuple[str, str]] = {}
     for base, e in entries.items():
         where = f"{f.path}: quantized tensor {base!r}"
@@ -653,6 +653,9 @@ def check_entries(f: st.SafetensorsFile, entries: Dict[str, Any]) -> Dict[str, T
             raise CheckpointError(f"{where}: shape {shape!r} is not a list of 2 or 3 non-negative integers")
         if base in f:
             raise CheckpointError(f"{where}: the name is both a tensor and a quantized entry")
+        if "dtype" in e and e["dtype"] not in FLOAT_DTYPES:  # the original dtype: what dequantize writes
+            raise CheckpointError(f"{where}: dtype {e['dtype']!r} is not one of {', '.join(FLOAT_DTYPES)} "
+                                  f"(the dtype of the original tensor)")
         fmt, _ = format_from_entry(e, base)
         need = {"qdata": True, "scale": True, "zero": bool(fmt.has_zero_point),
                 "global_amax": bool(fmt.has_global_scale)}

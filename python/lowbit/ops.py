@@ -77,18 +77,22 @@ def _scale_storage_shape(f: Format, layout: str, row_align, group_pad, L: int, M
         return _scale_storage_shape_cached.__wrapped__(f, layout, row_align, group_pad, L, M, K, groups, batched)
 
 
-def _row_align(row_align, op: str) -> int:
-    return check_int(row_align, op, "row_align", INT32_MIN, INT32_MAX)
+def _row_align(row_align, op: str, arg: str = "row_align") -> int:
+    """An integer >= 1, for every layout (also those that ignore it: nothing is silently ignored)."""
+    v = check_int(row_align, op, arg, INT32_MIN, INT32_MAX)
+    if v < 1:
+        raise ValueError(f"{op}: argument '{arg}': {arg} must be an integer >= 1, got {v}")
+    return v
 
 
-def _index_order(a, shapes):
+def _index_order(a, shapes, op: str | None = None, arg: str | None = None):
     """`a` with its element order equal to its index order when its shape is one of `shapes`
     (the stored shapes whose indices are known: [L, rows, cols] / [rows, cols]): a row-major copy
     of a Fortran-ordered or transposed array. Other shapes are passed as they are (the C++ API
     accepts only the documented views and refuses the rest)."""
     if a is None or not hasattr(a, "shape") or is_contiguous(a):
         return a
-    return contiguous(a) if tuple(int(d) for d in a.shape) in shapes else a
+    return contiguous(a, op, arg) if tuple(int(d) for d in a.shape) in shapes else a
 
 
 def _indptr(be: Backend, m_indptr, op: str):
@@ -260,8 +264,8 @@ def dequantize(qt: Quantized, out_dtype="float32") -> object:
             except ValueError:  # reported by the C++ checks below
                 stored = None
         shapes = () if stored is None else (stored, stored[1:]) if stored[0] == 1 else (stored,)
-        scales = _index_order(scales, shapes)
-        zeros = _index_order(zeros, shapes)
+        scales = _index_order(scales, shapes, op, "scales")
+        zeros = _index_order(zeros, shapes, op, "zeros")
     out = be.empty(shape, out_name)
     qv, qdt = c_view(qt.data, op, "q")
     sv, sdt = c_view(scales, op, "scales")
@@ -285,13 +289,15 @@ def transcode(qt: Quantized, out_dtype="float8_e4m3fn"):
         raise ValueError(f"{op}: argument 'qt': expected a lowbit.Quantized, got {type(qt).__name__}")
     f = qt.format
     out_name = dtype_name(out_dtype, op, "out_dtype")
+    _row_align(qt.row_align, op)  # checked even where the layout does not use it
     be = Backend(qt.data, op, "qt")
     out = be.empty(check_shape(qt.shape, op), out_name)
     zeros = qt.zeros
     if zeros is not None and qt.layout == "row_major" and qt.m_indptr is None and len(qt.shape) in (2, 3):
         L, M, K = (1,) + tuple(qt.shape) if len(qt.shape) == 2 else tuple(qt.shape)
         if K % f.block == 0:  # row-major [L?, M, K/block] zero points are read by index
-            zeros = _index_order(zeros, ((L, M, K // f.block), (M, K // f.block)) if L == 1 else ((L, M, K // f.block),))
+            zeros = _index_order(zeros, ((L, M, K // f.block), (M, K // f.block)) if L == 1 else ((L, M, K // f.block),),
+                                  op, "zeros")
     if zeros is not None and (qt.layout != "row_major" or qt.m_indptr is not None):
         # transcode takes the zero points row-major [L, M, K/block]
         L, M, K = _check_mat(out, op, "qt")
@@ -358,7 +364,8 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
     if R <= 0 or C <= 0:
         raise ValueError(f"{op}: argument '{'rows' if R <= 0 else 'cols'}': rows and cols must be positive, "
                          f"got {R} x {C}")
-    src_row_align, dst_row_align = _row_align(src_row_align, op), _row_align(dst_row_align, op)
+    src_row_align = _row_align(src_row_align, op, "src_row_align")
+    dst_row_align = _row_align(dst_row_align, op, "dst_row_align")
     ind, groups = _indptr(be, m_indptr, op)
     same_backend(scales, ind, op, "m_indptr")
     group_pad_kind(group_pad, False, op)  # checked even when not used
@@ -386,7 +393,7 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
         # the stored [rows, cols] matrices are read by index (a Fortran-ordered copy is reordered)
         if numel % size == 0:
             scales = _index_order(scales, ((numel // size,) + per[1:], per[1:]) if numel == size
-                                  else ((numel // size,) + per[1:],))
+                                  else ((numel // size,) + per[1:],), op, "scales")
         if numel % size:
             raise ValueError(f"{op}: argument 'scales': {numel} elements are not a whole number of {R} x {C} "
                              f"matrices in layout {src}")
@@ -395,7 +402,7 @@ def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", d
         L = 1
         # grouped [rows, Cp] storage (any number of whole rows) is read by index too
         if scales.ndim == 2 and int(scales.shape[1]) == per[2]:
-            scales = _index_order(scales, (tuple(int(d) for d in scales.shape),))
+            scales = _index_order(scales, (tuple(int(d) for d in scales.shape),), op, "scales")
     batched = scales.ndim == 3 or L > 1
     try:
         oshape = _layout_storage(dst, dst_row_align, dpn, L, R, C, groups)
@@ -478,6 +485,10 @@ def nf4_kcache_dequantize(codes, scale, residual=None, out_dtype="float32", nibb
     if codes.ndim != 4:
         raise ValueError(f"{op}: argument 'codes': expected [B, T, H, D/2], got shape {tuple(codes.shape)}")
     B, T, H, D2 = (int(s) for s in codes.shape)
+    sname = array_dtype_name(scale, op, "scale")
+    if sname != "float32":  # the C++ takes the scale bytes as float32: another 4-byte type would be reinterpreted
+        raise ValueError(f"{op}: argument 'scale': expected float32 (the per-channel scales of nf4_kcache_quantize), "
+                         f"got {sname}")
     be = Backend(codes, op, "codes")
     out = be.empty((B, T, H, 2 * D2), dtype_name(out_dtype, op, "out_dtype"))
     rv, rdt = (None, _C.DType.float8_e5m2) if residual is None else c_view(residual, op, "residual")
@@ -611,10 +622,17 @@ def block_scale_interleave(scales):
         raise ValueError(f"block_scale_interleave: argument 'scales': expected [R, C] or [L, R, C], "
                          f"got shape {tuple(scales.shape)}")
     R, C = int(scales.shape[-2]), int(scales.shape[-1])
-    return convert_scale_layout(scales, R, C, "row_major", "blocked128x4")
+    try:
+        return convert_scale_layout(scales, R, C, "row_major", "blocked128x4")
+    except ValueError as e:  # named as this function's error
+        raise _renamed(e, "convert_scale_layout", "block_scale_interleave", {"scales": "scales"}) from None
 
 
 def block_scale_deinterleave(scales, rows: int, cols: int):
     """Inverse of block_scale_interleave: 128x4 blocked scales -> row-major [rows, cols]
     ([L, rows, cols] for L matrices)."""
-    return convert_scale_layout(scales, rows, cols, "blocked128x4", "row_major")
+    try:
+        return convert_scale_layout(scales, rows, cols, "blocked128x4", "row_major")
+    except ValueError as e:  # named as this function's error
+        raise _renamed(e, "convert_scale_layout", "block_scale_deinterleave",
+                       {"scales": "scales", "rows": "rows", "cols": "cols"}) from None

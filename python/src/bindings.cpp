@@ -66,6 +66,18 @@ lowbit::TensorView to_view(const Arr& a, lowbit::DType t, const char* op, const 
   return v;
 }
 
+/// A float32 argument whose own type must be float32 (to_view checks the element size only, so
+/// an int32 / uint32 array would be reinterpreted as floats).
+template <typename Arr>
+lowbit::TensorView float32_view(const Arr& a, const char* op, const char* arg) {
+  const auto dt = a.dtype();
+  if (dt.code != uint8_t(nb::dlpack::dtype_code::Float) || dt.bits != 32 || dt.lanes != 1)
+    throw lowbit::ArgumentError(op, arg,
+                                "expected float32, got DLPack dtype (code " + std::to_string(int(dt.code)) + ", bits " +
+                                    std::to_string(int(dt.bits)) + ")");
+  return to_view(a, lowbit::DType::kFloat32, op, arg);
+}
+
 /// The lowbit dtype of an array from its DLPack type (for arguments of standard dtypes).
 template <typename Arr>
 lowbit::DType infer_dtype(const Arr& a, const char* op, const char* arg) {
@@ -382,7 +394,7 @@ NB_MODULE(_C, m) {
         const char* op = "nf4_kcache_dequantize";
         const Out oo = out_array(out, out_dtype, op, "out");
         const lowbit::TensorView cv = to_view(codes, lowbit::DType::kUInt8, op, "codes"),
-                                 sv = to_view(scale, lowbit::DType::kFloat32, op, "scale"), ov = oo.v;
+                                 sv = float32_view(scale, op, "scale"), ov = oo.v;
         const lowbit::TensorView rv = residual ? to_view(*residual, residual_dtype, op, "residual") : lowbit::TensorView{};
         nb::gil_scoped_release release;
         lowbit::nf4_kcache_dequantize(cv, sv, rv, ov, nib, make_stream(stream));
@@ -501,7 +513,7 @@ NB_MODULE(_C, m) {
         lowbit::MoeMlpArgs a;
         a.x = to_view(x, x_dtype, op, "x");
         a.topk_ids = to_view(ids, infer_dtype(ids, op, "topk_ids"), op, "topk_ids");
-        a.topk_weights = to_view(weights, lowbit::DType::kFloat32, op, "topk_weights");
+        a.topk_weights = float32_view(weights, op, "topk_weights");
         a.w1 = to_view(w1, lowbit::DType::kUInt8, op, "w1");
         a.w1_scale = to_view(w1_scale, lowbit::DType::kUE8M0, op, "w1_scale");
         a.b1 = to_view(b1, b1_dtype, op, "b1");

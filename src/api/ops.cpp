@@ -62,11 +62,18 @@ void zeros_storage(Checker& c, const TensorView& zeros, const TensorView& scales
 
 // ---------------------------------------------------------------------------------------------
 
+/// check_layout plus row_align >= 1 for every layout kind (also those that do not use it: a
+/// value that would be ignored is refused, not silently dropped).
+static void check_layout_row_align(const Checker& c, const ScaleLayout& l) {
+  check_layout(c, l);
+  if (l.row_align < 1) c.fail("layout", "row_align must be >= 1, got " + std::to_string(l.row_align));
+}
+
 std::vector<int64_t> scale_shape(const BlockFormat& f, const ScaleLayout& layout, int64_t L, int64_t M, int64_t K,
                                  int64_t groups) {
   validate_format(f, "scale_shape");
   Checker c{"scale_shape"};
-  check_layout(c, layout);
+  check_layout_row_align(c, layout);
   if (L < 0) c.fail("L", "must be >= 0, got " + std::to_string(L));
   if (M < 0) c.fail("M", "must be >= 0, got " + std::to_string(M));
   if (K < 0) c.fail("K", "must be >= 0, got " + std::to_string(K));
@@ -93,7 +100,7 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
               const TensorView& scales, const QuantArgs& args, Stream stream) {
   Checker c{"quantize"};
   validate_format(f, c.op);
-  check_layout(c, layout);
+  check_layout_row_align(c, layout);
   c.present(x, "x");
   c.dtype(x, "x", {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
   const Mat m = as_mat(c, x, "x");
@@ -160,7 +167,7 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
                 const TensorView& out, const QuantArgs& args, Stream stream) {
   Checker c{"dequantize"};
   validate_format(f, c.op);
-  check_layout(c, layout);
+  check_layout_row_align(c, layout);
   c.present(out, "out");
   c.dtype(out, "out", {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kE4M3, DType::kE5M2});
   const Mat m = as_mat(c, out, "out");
@@ -290,8 +297,8 @@ void cast(const TensorView& x, const TensorView& out, Saturate sat, Stream strea
 void convert_scale_layout(const TensorView& in, const ScaleLayout& from, const TensorView& out, const ScaleLayout& to,
                           int64_t R, int64_t C, const TensorView& m_indptr, Stream stream) {
   Checker c{"convert_scale_layout"};
-  check_layout(c, from);
-  check_layout(c, to);
+  check_layout_row_align(c, from);
+  check_layout_row_align(c, to);
   if (R <= 0) c.fail("R", "the number of rows must be positive, got " + std::to_string(R));
   if (C <= 0) c.fail("C", "the number of columns must be positive, got " + std::to_string(C));
   c.present(in, "in");

@@ -279,7 +279,9 @@ def mutate_lowbit_meta(rng, raw):
         return join(json.dumps(h), data), False, True, "lowbit metadata not a JSON object"
     else:
         e["dtype"] = fuzzlib.pick(rng, ["I8", "F64", "x"])
-        must = e["dtype"] == "x"
+        # the original dtype is one of F32 / F16 / BF16 (what quantize takes; docs/cli.md): any
+        # other is refused naming the tensor, never written as float32 in silence
+        must = True
         note = f"original dtype {e['dtype']!r}"
     h["__metadata__"]["lowbit"] = json.dumps(meta)
     return join(json.dumps(h), data), False, must, note

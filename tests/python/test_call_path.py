@@ -40,7 +40,7 @@ def test_format_cache_keeps_types_apart(bad):
 
 def test_errors_raise_on_every_call():
     for _ in range(3):
-        with pytest.raises(ValueError, match="argument 'layout'"):
+        with pytest.raises(ValueError, match="argument 'row_align'"):
             lowbit.quantize(X, "mxfp4", "col_major", row_align=0)
         with pytest.raises(ValueError, match="argument 'rounding'"):
             lowbit.mxfp8_quantize(X, rounding="up")

@@ -31,7 +31,7 @@ X = np.ones((4, 64), np.float32)
     (lambda: lowbit.quantize(X, "mxfp4", "blocked128x4", m_indptr=[0, 3]), "m_indptr"),   # must end at M
     (lambda: lowbit.quantize(X, "mxfp4", "row_major", m_indptr=[0, 4]), "layout"),
     (lambda: lowbit.quantize(X, "mxfp4", "blocked128x4", m_indptr=[0, 4], group_pad="x"), "group_pad"),
-    (lambda: lowbit.quantize(X, "mxfp4", "col_major", row_align=0), "layout"),
+    (lambda: lowbit.quantize(X, "mxfp4", "col_major", row_align=0), "row_align"),
     (lambda: lowbit.dequantize(lowbit.quantize(X, "mxfp4"), "int8"), "out"),
     (lambda: lowbit.dequantize(X), "qt"),
     (lambda: lowbit.dequantize(lowbit.Quantized(np.zeros((4, 32), np.uint8), np.zeros((4, 3), np.uint8),
