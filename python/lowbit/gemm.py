@@ -168,7 +168,9 @@ def nvfp4_dual_gemm_silu(a, b1=None, b2=None, sfa=None, sfb1=None, sfb2=None, *,
     nibble; the GPU MODE [M, K/2, L] views of (L, M, K/2) storage are taken as they are).
     b1, b2: [N, K/2, L] or [N, K/2]. sfa / sfb1 / sfb2: E4M3 block scales, "row_major" (the
     reference [MN, K/16, L] tensors) or "blocked128x4" (the permuted [32, 4, MN/128, 4, K/64, L]
-    tensors). packed_b: weights from nvfp4_dual_gemm_prepack (then b1/b2/sfb1/sfb2 are omitted
+    tensors); scales of those shapes in another memory order (C-contiguous [MN, K/16, L],
+    Fortran-ordered, ...) are copied into the view's order first, on their device, so they are
+    read by index. packed_b: weights from nvfp4_dual_gemm_prepack (then b1/b2/sfb1/sfb2 are omitted
     and N is taken from ``out`` or ``n``). Constraints: N % 128 == 0, K % 64 == 0; any M, L.
     Returns C ([M, N, L] view of (L, M, N) storage for 3-D inputs, else [M, N]).
     """
@@ -254,7 +256,9 @@ def group_gemm_mxfp4_prepack(b, b_scale, *, b_scale_layout: str = "blocked128x4"
     decodes with the fewest instructions (include/lowbit/mxfp4_pack.hpp). b [G, N, K/2] and
     b_scale (UE8M0, G x N x K/32, "blocked128x4" or "row_major") -> (packed_b uint8 [G, Np, Kp/2],
     packed_scale uint8 [G, Np, Kp/32]) with Np = N rounded up to 128 and Kp = K rounded up to 256,
-    on b's device. Pass them with ``b_packed=True`` to group_gemm_mxfp4_nt_groupwise (and
+    on b's device. b_scale of its stored shape ([G, N, K/32] / [G, Np, Cp], or 2-D when G == 1) in
+    another memory order (e.g. Fortran-ordered) is copied to row-major order first (NumPy and
+    torch alike), so it is read by index; b needs its K bytes contiguous. Pass them with ``b_packed=True`` to group_gemm_mxfp4_nt_groupwise (and
     ``packed=True`` to gpt_oss_moe_mlp); lossless."""
     op = "group_gemm_mxfp4_prepack"
     _required(b, op, "b")
@@ -285,7 +289,9 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="b
     128-row padding (``group_pad``) or "row_major") or bfloat16 (W4A16, ``a_scale`` None).
     B [G, N, K/2] is MXFP4 (E2M1, element 2k in the low nibble) with ``b_scale`` UE8M0 per 32
     ("blocked128x4" per expert or "row_major"). Values are code * 2^(scale - 127); fp32 sums.
-    K % 32 == 0, N % 8 == 0; empty groups allowed. ``b_packed=True``: b / b_scale come from
+    K % 32 == 0, N % 8 == 0; empty groups allowed. Scales of their stored shape in another memory
+    order (e.g. Fortran-ordered) are copied to row-major order first (NumPy and torch alike), so
+    they are read by index; a / b need their K elements contiguous (other strides are honoured). ``b_packed=True``: b / b_scale come from
     group_gemm_mxfp4_prepack (b_scale_layout unused) and N is ``out.shape[1]`` or ``n``."""
     op = "group_gemm_mxfp4_nt_groupwise"
     for arg, v in (("a", a), ("b", b), ("b_scale", b_scale), ("m_indptr", m_indptr)):
