@@ -200,3 +200,43 @@ def test_tensor_amax_negative_strides():
     y = RNG.standard_normal((2, 7, 9)).astype(np.float32)
     for v in (y[::-1], y[:, ::-1], y[::-1, ::-2], np.flip(np.flip(y, 0).copy(), 0)):
         np.testing.assert_array_equal(lowbit.tensor_amax(v), np.array([np.abs(v).max()], np.float32))
+
+
+# --- sweep: gpt_oss_moe_mlp operands are read by index or refused ---
+
+def _strided(x, pad=16):
+    """x in a buffer whose rows are `pad` elements longer (last dimension contiguous)."""
+    buf = np.zeros(x.shape[:-1] + (x.shape[-1] + pad,), x.dtype)
+    v = buf[..., pad:]
+    v[...] = x
+    return v
+
+
+def test_moe_mlp_strided_weights_read_by_index_fortran_refused():
+    T, H, I, E = 3, 64, 64, 2
+    x = RNG.standard_normal((T, H)).astype(np.float32)
+    ids = np.array([[0, 1], [1, -1], [1, 0]], np.int32)
+    w = RNG.random((T, 2)).astype(np.float32)
+    w1, w1s, b1 = _codes((E, 2 * I, H // 2)), _ue8m0((E, 2 * I, H // 32)), RNG.standard_normal((E, 2 * I)).astype(np.float32)
+    w2, w2s, b2 = _codes((E, H, I // 2)), _ue8m0((E, H, I // 32)), RNG.standard_normal((E, H)).astype(np.float32)
+    want = lowbit.gpt_oss_moe_mlp(x, ids, w, w1, w1s, b1, w2, w2s, b2)
+    got = lowbit.gpt_oss_moe_mlp(_strided(x), ids, w, _strided(w1), _strided(w1s.view(np.uint8)).view(E8M0), _strided(b1),
+                                 _strided(w2), _strided(w2s.view(np.uint8)).view(E8M0), _strided(b2))
+    _same(got, want)
+    for name, i in (("w1", 3), ("w1_scale", 4), ("b1", 5), ("w2", 6), ("w2_scale", 7), ("b2", 8)):
+        args = [x, ids, w, w1, w1s, b1, w2, w2s, b2]
+        args[i] = np.asfortranarray(args[i])
+        with pytest.raises(ValueError, match=f"gpt_oss_moe_mlp: argument '{name}': the last dimension must be contiguous"):
+            lowbit.gpt_oss_moe_mlp(*args)
+
+
+def test_dual_gemm_prepack_scales_reordered_before_the_checks():
+    N, K, L = 128, 64, 2
+    _, b1, b2, _, sfb1, sfb2 = _dual_operands(4, N, K, L)
+    # host arrays reach the CUDA-only refusal: the C-contiguous / Fortran scales passed the layout checks
+    for s in (np.ascontiguousarray(sfb1), np.asfortranarray(sfb1)):
+        with pytest.raises(ValueError, match="nvfp4_dual_gemm_prepack: argument 'packed': prepacking produces the CUDA"):
+            lowbit.nvfp4_dual_gemm_prepack(b1, b2, s, sfb2)
+    with pytest.raises(ValueError, match=r"nvfp4_dual_gemm_prepack: argument 'sfb1': .*expected element strides \(4, 1, 512\)"):
+        _C.nvfp4_dual_gemm_prepack(b1, b2, np.ascontiguousarray(sfb1.view(np.uint8)), sfb2.view(np.uint8),
+                                   _C.ScaleLayoutKind.row_major, np.zeros(_C.nvfp4_dual_gemm_packed_bytes(N, K, L), np.uint8), 0)
