@@ -23,7 +23,9 @@ struct DualGemmArgs {
   /// E4M3 block scales (float8_e4m3fn or uint8), addressed through their storage (row-major, or
   /// the documented batch-last / 6-D views of it, see ops.hpp): L matrices of MN x K/16 in `sf_layout` — ScaleLayout::row_major() for the GPU
   /// MODE reference tensors [MN, K/16, L], ScaleLayout::blocked128x4() for the permuted
-  /// [32, 4, MN/128, 4, K/64, L] tensors (cuBLAS / CUTLASS layout).
+  /// [32, 4, MN/128, 4, K/64, L] tensors (cuBLAS / CUTLASS layout). A 3-D [MN, K/16, L] or
+  /// 6-D tensor is read by index: it must have exactly the strides of the GPU MODE view
+  /// ([MN, K/16, L]: (K/16, 1, MN*K/16) elements), a C-contiguous one (L > 1) is refused.
   TensorView sfa, sfb1, sfb2;
   ScaleLayout sf_layout = ScaleLayout::row_major();
   /// Optional NVFP4 per-tensor amaxes (float32 [1]), as written by quantize(compute_global_amax).

@@ -14,7 +14,11 @@
 //   scales   the L stored scale matrices of M x (K/block) in `layout`, one after the other, in
 //            a row-major (C-contiguous) tensor of any shape, or in one of the documented views of
 //            such storage: the batch-last [.., L] view (the GPU MODE [M, K/16, L] reference
-//            scales) and, for 128x4 blocked scales, the 6-D [32,4,M/128,4,K/64,L] GPU MODE view.
+//            scales; its last dimension must be the L matrices) and, for 128x4 blocked scales, the
+//            6-D [32,4,M/128,4,K/64,L] GPU MODE view. A tensor of one of these index shapes must
+//            have that view's strides (a C-contiguous [M, K/16, L] with L > 1 interleaves its L
+//            matrices and is refused); the grouped GEMM's scales ([G, N, K/32], batch first) take
+//            no batch-last view.
 //            Other strides (e.g. a Fortran-ordered tensor) are refused: the storage is read in
 //            memory order, which for them would not be index order;
 //            dtype float32 (kF32), float8_e8m0fnu or uint8 (kUE8M0), float8_e4m3fn or uint8 (kE4M3).

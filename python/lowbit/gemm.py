@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _C
 from ._arrays import (INT32_MAX, INT32_MIN, _T_EXPORT, Backend, _torch, as_array, c_export, c_view, check_float,
-                      check_int, dtype_name, is_torch, same_backend)
+                      check_int, contiguous, dtype_name, is_contiguous, is_torch, same_backend)
 from ._formats import GROUP_PADS as _PADS, LAYOUTS, _choice
 
 # the GEMMs take two of the scale layouts
@@ -39,9 +39,66 @@ def _bytes(x, op, arg):
     return x if x.dtype == np.uint8 else x.view(np.uint8)
 
 
-def _cb(x, op, arg):
-    """_bytes(x) as _C takes it (torch tensors as DLPack capsules)."""
-    return c_export(_bytes(x, op, arg))
+def _cb(x, op, arg, shapes=None):
+    """_bytes(x) as _C takes it (torch tensors as DLPack capsules); with `shapes`, scales of a
+    documented index shape are read by index (_by_index)."""
+    x = _bytes(x, op, arg)
+    return c_export(_by_index(x, shapes) if shapes else x)
+
+
+def _permute(x, axes):
+    return x.permute(*axes) if is_torch(x) else np.transpose(x, axes)
+
+
+def _by_index(x, shapes):
+    """Scale bytes `x` (from _bytes) read by index when their shape is one of the documented index
+    shapes: ``shapes`` maps each such shape to the order of its dimensions in the storage the
+    kernels address (outermost first; e.g. (2, 0, 1) for the batch-last [rows, cols, L] view of
+    (L, rows, cols) storage). An array of such a shape in another memory order (Fortran-ordered,
+    transposed, C-contiguous where the view is batch-last) is copied into that order and passed
+    as the same view, so what is read is what its indices say. Scales are small (1/16 or 1/32
+    of the operand they scale), so NumPy arrays and torch tensors alike are copied, on their own
+    device, as the format ops do for their scales. Other shapes go as they are (the C++ API
+    accepts only row-major storage and the documented views, and refuses the rest)."""
+    if x is None or not hasattr(x, "shape"):
+        return x
+    perm = shapes.get(tuple(int(d) for d in x.shape))
+    if perm is None:
+        return x
+    y = _permute(x, perm)
+    if is_contiguous(y):
+        return x
+    inv = tuple(int(i) for i in np.argsort(perm))
+    return _permute(contiguous(y), inv)
+
+
+def _ceil(a, b):
+    return -(-a // b) * b
+
+
+def _group_scale_shapes(G, R, K, blocked):
+    """The index shapes of G stored [R, K/32] UE8M0 scale matrices (grouped GEMM operands,
+    per-matrix layout "row_major" or "blocked128x4"), all in row-major storage order."""
+    if blocked:
+        R, C = _ceil(R, 128), _ceil(K // 32, 4)
+    else:
+        R, C = R, K // 32
+    shapes = {(G, R, C): (0, 1, 2)}
+    if G == 1:
+        shapes[(R, C)] = (0, 1)
+    return shapes
+
+
+def _dual_scale_shapes(R, K, L, ndim, blocked):
+    """The documented index shapes of the dual GEMM's E4M3 scales of R x K/16 (L matrices):
+    row_major [R, K/16, L] (batch-last view) or [R, K/16] (2-D operands); blocked128x4 the 6-D
+    GPU MODE view [32, 4, Rp/128, 4, Cp/4, L]."""
+    if blocked:
+        Rp, Cp = _ceil(R, 128), _ceil(K // 16, 4)
+        return {(32, 4, Rp // 128, 4, Cp // 4, L): (5, 2, 4, 0, 1, 3)}
+    if ndim == 3:
+        return {(R, K // 16, L): (2, 0, 1)}
+    return {(R, K // 16): (0, 1)}
 
 
 def _writable(out, op, arg="out"):
@@ -111,7 +168,9 @@ def nvfp4_dual_gemm_silu(a, b1=None, b2=None, sfa=None, sfb1=None, sfb2=None, *,
     nibble; the GPU MODE [M, K/2, L] views of (L, M, K/2) storage are taken as they are).
     b1, b2: [N, K/2, L] or [N, K/2]. sfa / sfb1 / sfb2: E4M3 block scales, "row_major" (the
     reference [MN, K/16, L] tensors) or "blocked128x4" (the permuted [32, 4, MN/128, 4, K/64, L]
-    tensors). packed_b: weights from nvfp4_dual_gemm_prepack (then b1/b2/sfb1/sfb2 are omitted
+    tensors); scales of those shapes in another memory order (C-contiguous [MN, K/16, L],
+    Fortran-ordered, ...) are copied into the view's order first, on their device, so they are
+    read by index. packed_b: weights from nvfp4_dual_gemm_prepack (then b1/b2/sfb1/sfb2 are omitted
     and N is taken from ``out`` or ``n``). Constraints: N % 128 == 0, K % 64 == 0; any M, L.
     Returns C ([M, N, L] view of (L, M, N) storage for 3-D inputs, else [M, N]).
     """
@@ -143,10 +202,17 @@ def nvfp4_dual_gemm_silu(a, b1=None, b2=None, sfa=None, sfb1=None, sfb2=None, *,
         else:
             out = be.empty((M, N), oname)
     cv, cdt = c_view(out, op, "out")
+    kind = _choice(scale_layout, _KINDS, "scale_layout", op)
+    blocked = kind == _KINDS["blocked128x4"]
+    K = 2 * int(a.shape[1])
+    sa_shapes = _dual_scale_shapes(M, K, L, a.ndim, blocked)
+    sb_shapes = None
+    if b1 is not None and hasattr(b1, "shape") and len(b1.shape) == a.ndim:
+        sb_shapes = _dual_scale_shapes(int(b1.shape[0]), K, L, a.ndim, blocked)
     with be.guard():
-        _C.nvfp4_dual_gemm(c_export(a), _cb(b1, op, "b1"), _cb(b2, op, "b2"), _cb(sfa, op, "sfa"),
-                           _cb(sfb1, op, "sfb1"), _cb(sfb2, op, "sfb2"),
-                           _choice(scale_layout, _KINDS, "scale_layout", op), _f32(amax_a, be, op, "amax_a"),
+        _C.nvfp4_dual_gemm(c_export(a), _cb(b1, op, "b1"), _cb(b2, op, "b2"), _cb(sfa, op, "sfa", sa_shapes),
+                           _cb(sfb1, op, "sfb1", sb_shapes), _cb(sfb2, op, "sfb2", sb_shapes),
+                           kind, _f32(amax_a, be, op, "amax_a"),
                            _f32(amax_b1, be, op, "amax_b1"), _f32(amax_b2, be, op, "amax_b2"), cv, cdt,
                            _cb(packed_b, op, "packed_b"), be.stream())
     return out
@@ -165,9 +231,11 @@ def nvfp4_dual_gemm_prepack(b1, b2, sfb1, sfb2, *, scale_layout: str = "row_majo
     L = int(b1.shape[2]) if b1.ndim == 3 else 1
     be = Backend(b1, op, "b1")
     packed = be.empty((_C.nvfp4_dual_gemm_packed_bytes(N, K, L),), "uint8")
+    kind = _choice(scale_layout, _KINDS, "scale_layout", op)
+    shapes = _dual_scale_shapes(N, K, L, b1.ndim, kind == _KINDS["blocked128x4"])
     with be.guard():
-        _C.nvfp4_dual_gemm_prepack(c_export(b1), _cb(b2, op, "b2"), _cb(sfb1, op, "sfb1"), _cb(sfb2, op, "sfb2"),
-                                   _choice(scale_layout, _KINDS, "scale_layout", op), c_export(packed), be.stream())
+        _C.nvfp4_dual_gemm_prepack(c_export(b1), _cb(b2, op, "b2"), _cb(sfb1, op, "sfb1", shapes),
+                                   _cb(sfb2, op, "sfb2", shapes), kind, c_export(packed), be.stream())
     return packed
 
 
@@ -188,7 +256,9 @@ def group_gemm_mxfp4_prepack(b, b_scale, *, b_scale_layout: str = "blocked128x4"
     decodes with the fewest instructions (include/lowbit/mxfp4_pack.hpp). b [G, N, K/2] and
     b_scale (UE8M0, G x N x K/32, "blocked128x4" or "row_major") -> (packed_b uint8 [G, Np, Kp/2],
     packed_scale uint8 [G, Np, Kp/32]) with Np = N rounded up to 128 and Kp = K rounded up to 256,
-    on b's device. Pass them with ``b_packed=True`` to group_gemm_mxfp4_nt_groupwise (and
+    on b's device. b_scale of its stored shape ([G, N, K/32] / [G, Np, Cp], or 2-D when G == 1) in
+    another memory order (e.g. Fortran-ordered) is copied to row-major order first (NumPy and
+    torch alike), so it is read by index; b needs its K bytes contiguous. Pass them with ``b_packed=True`` to group_gemm_mxfp4_nt_groupwise (and
     ``packed=True`` to gpt_oss_moe_mlp); lossless."""
     op = "group_gemm_mxfp4_prepack"
     _required(b, op, "b")
@@ -202,10 +272,11 @@ def group_gemm_mxfp4_prepack(b, b_scale, *, b_scale_layout: str = "blocked128x4"
     be = Backend(b, op, "b")
     pb = be.empty((G, Np, Kp // 2), "uint8")
     ps = be.empty((G, Np, Kp // 32), "uint8")
+    kind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
+    shapes = _group_scale_shapes(G, N, K, kind == _KINDS["blocked128x4"])
     with be.guard():
-        _C.group_gemm_mxfp4_prepack(c_export(b), _cb(b_scale, op, "b_scale"),
-                                    _choice(b_scale_layout, _KINDS, "b_scale_layout", op), c_export(pb), c_export(ps),
-                                    be.stream())
+        _C.group_gemm_mxfp4_prepack(c_export(b), _cb(b_scale, op, "b_scale", shapes), kind, c_export(pb),
+                                    c_export(ps), be.stream())
     return pb, ps
 
 
@@ -218,7 +289,9 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="b
     128-row padding (``group_pad``) or "row_major") or bfloat16 (W4A16, ``a_scale`` None).
     B [G, N, K/2] is MXFP4 (E2M1, element 2k in the low nibble) with ``b_scale`` UE8M0 per 32
     ("blocked128x4" per expert or "row_major"). Values are code * 2^(scale - 127); fp32 sums.
-    K % 32 == 0, N % 8 == 0; empty groups allowed. ``b_packed=True``: b / b_scale come from
+    K % 32 == 0, N % 8 == 0; empty groups allowed. Scales of their stored shape in another memory
+    order (e.g. Fortran-ordered) are copied to row-major order first (NumPy and torch alike), so
+    they are read by index; a / b need their K elements contiguous (other strides are honoured). ``b_packed=True``: b / b_scale come from
     group_gemm_mxfp4_prepack (b_scale_layout unused) and N is ``out.shape[1]`` or ``n``."""
     op = "group_gemm_mxfp4_nt_groupwise"
     for arg, v in (("a", a), ("b", b), ("b_scale", b_scale), ("m_indptr", m_indptr)):
@@ -243,11 +316,18 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="b
     akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
     if akind != _KINDS["blocked128x4"]:
         pad = _C.GroupPad.none
+    bkind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
+    K = int(a.shape[1])
+    # scales of their stored shape are read by index (grouped a_scale must be row-major storage)
+    a_shapes = _group_scale_shapes(1, int(a.shape[0]), K, False) if akind == _KINDS["row_major"] else None
+    b_shapes = None
+    if not b_packed and hasattr(b, "shape") and len(b.shape) == 3:
+        b_shapes = _group_scale_shapes(int(b.shape[0]), int(b.shape[1]), K, bkind == _KINDS["blocked128x4"])
     with be.guard():
         # a_scale is passed whatever a's dtype: bf16 activations with scales are refused, not ignored
-        _C.group_gemm_mxfp4(av, adt, None if a_scale is None else _cb(a_scale, op, "a_scale"),
+        _C.group_gemm_mxfp4(av, adt, None if a_scale is None else _cb(a_scale, op, "a_scale", a_shapes),
                             akind, pad, _cb(b, op, "b"),
-                            _cb(b_scale, op, "b_scale"), _choice(b_scale_layout, _KINDS, "b_scale_layout", op),
+                            _cb(b_scale, op, "b_scale", b_shapes), bkind,
                             c_view(m_indptr, op, "m_indptr")[0], ov, odt, b_packed=bool(b_packed),
                             stream=be.stream())
     return out

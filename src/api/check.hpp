@@ -99,6 +99,27 @@ struct Checker {
     return r;
   }
 
+  /// Where the batch dimension of a scale tensor's documented index shape lies: kFirst for the
+  /// ops whose scales are [L, rows, cols] (grouped GEMM operands: no batch-last view),
+  /// kLast for those documented as [rows, cols, L] (the dual GEMM's GPU MODE scales: a tensor of
+  /// that shape is read by index), kAny for the format ops, which take both.
+  enum class Batch { kAny, kFirst, kLast };
+
+  /// True when t has exactly `n` dimensions of sizes shp and the strides str on every dimension of
+  /// size > 1.
+  static bool has_strides(const TensorView& t, int n, const int64_t* shp, const int64_t* str) {
+    if (t.ndim != n) return false;
+    for (int d = 0; d < n; ++d)
+      if (t.shape[d] != shp[d] || (t.shape[d] > 1 && t.strides[d] != str[d])) return false;
+    return true;
+  }
+
+  static std::string ints_str(int n, const int64_t* v) {
+    std::string r = "(";
+    for (int d = 0; d < n; ++d) r += (d ? ", " : "") + std::to_string(v[d]);
+    return r + ")";
+  }
+
   /// A buffer of `numel` elements that lowbit addresses through its storage (scales, zero
   /// points, packed weights). Its element order must be its index order, so that what is read
   /// is what the caller's indices say: a contiguous (row-major) tensor of any shape, or one of
@@ -106,12 +127,45 @@ struct Checker {
   /// GPU MODE [MN, K/16, L] reference scales) and, for 128x4 blocked scales, the 6-D view
   /// [32, 4, Rp/128, 4, Cp/4, L] (rows_pad / cols_pad: Rp / Cp of one stored matrix). Any other
   /// strides (a Fortran-ordered or transposed array) are refused rather than misread.
+  /// L: the number of stored matrices (-1: unknown). A tensor whose shape is a documented index
+  /// shape — the 6-D view, or (row-major scales, L > 1, batch kAny / kLast) [Rp, Cp, L] — is read
+  /// by index: it must have that view's strides, even when it happens to be C-contiguous (a
+  /// C-contiguous [Rp, Cp, L] tensor holds its L matrices interleaved, not one after the other).
+  /// The batch-last view of any other shape is taken only when its last dimension is the L
+  /// matrices (kAny / kLast, L known) or, with L unknown, whenever it is dense (the rule before
+  /// L was known).
   void storage(const TensorView& t, const char* arg, int64_t numel, const ScaleLayout* layout = nullptr,
-               int64_t rows_pad = 0, int64_t cols_pad = 0) {
+               int64_t rows_pad = 0, int64_t cols_pad = 0, int64_t L = -1, Batch batch = Batch::kAny) {
     if (t.numel() != numel)
       fail(arg, "expected " + std::to_string(numel) + " elements for this layout and shape, got " + t.describe());
+    if (layout != nullptr && layout->kind == ScaleLayoutKind::kBlocked128x4 && layout->group_pad == GroupPad::kNone &&
+        t.ndim == 6 && rows_pad % 128 == 0 && cols_pad % 4 == 0 && rows_pad > 0 && cols_pad > 0) {
+      const int64_t shp[6] = {32, 4, rows_pad / 128, 4, cols_pad / 4, t.shape[5]};
+      const int64_t str[6] = {16, 4, (cols_pad / 4) * 512, 1, 512, rows_pad * cols_pad};
+      bool shape_ok = true;
+      for (int d = 0; d < 6; ++d) shape_ok = shape_ok && t.shape[d] == shp[d];
+      if (shape_ok) {
+        if (has_strides(t, 6, shp, str)) return;
+        fail(arg, "a 6-D 128x4 blocked scale tensor " + shape_str(std::vector<int64_t>(shp, shp + 6)) +
+                      " is read by index as the GPU MODE view [32, 4, rows/128, 4, cols/4, L] of the blocked storage: "
+                      "expected element strides " + ints_str(6, str) + " (dimensions of size 1 excepted), got " +
+                      t.describe());
+      }
+    }
+    const bool row_major = layout == nullptr || layout->kind == ScaleLayoutKind::kRowMajor;
+    if (batch != Batch::kFirst && L > 1 && row_major && t.ndim == 3 && t.shape[0] == rows_pad && t.shape[1] == cols_pad &&
+        t.shape[2] == L && !(batch == Batch::kAny && t.is_contiguous() && rows_pad == L && cols_pad == rows_pad)) {
+      const int64_t shp[3] = {rows_pad, cols_pad, L};
+      const int64_t str[3] = {cols_pad, 1, rows_pad * cols_pad};
+      if (has_strides(t, 3, shp, str)) return;
+      fail(arg, "a " + shape_str({rows_pad, cols_pad, L}) + " scale tensor is read by index as the batch-last [rows, cols, L] "
+                    "view of (L, rows, cols) row-major storage (the GPU MODE reference layout, e.g. "
+                    "x.permute(2, 0, 1).contiguous().permute(1, 2, 0)): expected element strides " + ints_str(3, str) +
+                    " (dimensions of size 1 excepted), got " + t.describe());
+    }
     if (t.is_contiguous()) return;
-    if (t.ndim >= 3) {  // batch-last view: the last dimension moved to the front is contiguous
+    if (batch != Batch::kFirst && t.ndim >= 3 && (L < 0 || (L > 1 && t.shape[t.ndim - 1] == L))) {
+      // batch-last view: the last dimension moved to the front is contiguous
       TensorView v = t;
       v.shape[0] = t.shape[t.ndim - 1];
       v.strides[0] = t.strides[t.ndim - 1];
@@ -121,18 +175,12 @@ struct Checker {
       }
       if (v.is_contiguous()) return;
     }
-    if (layout != nullptr && layout->kind == ScaleLayoutKind::kBlocked128x4 && layout->group_pad == GroupPad::kNone &&
-        t.ndim == 6 && rows_pad % 128 == 0 && cols_pad % 4 == 0) {
-      const int64_t shp[6] = {32, 4, rows_pad / 128, 4, cols_pad / 4, t.shape[5]};
-      const int64_t str[6] = {16, 4, (cols_pad / 4) * 512, 1, 512, rows_pad * cols_pad};
-      bool ok = true;
-      for (int d = 0; d < 6 && ok; ++d) ok = t.shape[d] == shp[d] && (t.shape[d] == 1 || t.strides[d] == str[d]);
-      if (ok) return;
-    }
-    fail(arg, "must be a dense buffer stored in index order: a row-major (C-contiguous) tensor, the batch-last view [.., L] of one, "
-              "or (128x4 blocked scales) the 6-D view [32, 4, rows/128, 4, cols/4, L]; other strides (e.g. a "
-              "Fortran-ordered or transposed array) would be read in memory order, not by index: pass a contiguous "
-              "copy, got " + t.describe());
+    fail(arg, std::string("must be a dense buffer stored in index order: a row-major (C-contiguous) tensor") +
+                  (batch == Batch::kFirst ? "" : ", the batch-last view [.., L] of one") +
+                  (layout != nullptr && layout->kind == ScaleLayoutKind::kBlocked128x4
+                       ? ", or (128x4 blocked scales) the 6-D view [32, 4, rows/128, 4, cols/4, L]" : "") +
+                  "; other strides (e.g. a Fortran-ordered or transposed array) would be read in memory order, not by "
+                  "index: pass a contiguous copy, got " + t.describe());
   }
 
   /// False when two index tuples of `t` address the same element (a zero stride on a dimension of
@@ -259,7 +307,7 @@ inline void check_groups(Checker& c, const ScaleLayout& l, const TensorView& ind
 /// (grouped layouts: at least the rows the padding rule needs, in whole rows). Every size is
 /// computed with overflow checks.
 inline void plan_scales(Checker& c, const TensorView& s, const char* arg, const ScaleLayout& l, int64_t L, int64_t R,
-                 int64_t C, ScalePlan* sp) {
+                        int64_t C, ScalePlan* sp, Checker::Batch batch = Checker::Batch::kAny) {
   sp->layout = l;
   sp->rows = R;
   sp->cols = C;
@@ -290,7 +338,7 @@ inline void plan_scales(Checker& c, const TensorView& s, const char* arg, const 
   if (!checked_scale_rows_padded(l, R, &sp->rows_pad))
     c.fail(arg, "the padded scale rows of " + std::to_string(R) + " overflow a 64-bit integer");
   sp->batch_stride = c.mul(arg, sp->rows_pad, Cp);
-  c.storage(s, arg, c.mul(arg, L, sp->batch_stride), &l, sp->rows_pad, Cp);
+  c.storage(s, arg, c.mul(arg, L, sp->batch_stride), &l, sp->rows_pad, Cp, L, batch);
 }
 
 inline void scale_dtype(Checker& c, const TensorView& s, const char* arg, ScaleType t) {

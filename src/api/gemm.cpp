@@ -108,9 +108,9 @@ void plan_dual_weights(Checker& c, const DualGemmArgs& x, DualGemmPlan* p) {
   p->b2_sN = b2.sR; p->b2_sL = b2.sL;
   p->sfb1 = x.sfb1.ptr<uint8_t>();
   p->sfb2 = x.sfb2.ptr<uint8_t>();
-  plan_scales(c, x.sfb1, "sfb1", x.sf_layout, L, N, K / 16, &p->spb);
+  plan_scales(c, x.sfb1, "sfb1", x.sf_layout, L, N, K / 16, &p->spb, Checker::Batch::kLast);
   ScalePlan spb2;
-  plan_scales(c, x.sfb2, "sfb2", x.sf_layout, L, N, K / 16, &spb2);
+  plan_scales(c, x.sfb2, "sfb2", x.sf_layout, L, N, K / 16, &spb2, Checker::Batch::kLast);
 }
 
 }  // namespace
@@ -177,7 +177,7 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
   p.a_sM = a.sR;
   p.a_sL = a.sL;
   p.sfa = x.sfa.ptr<uint8_t>();
-  plan_scales(c, x.sfa, "sfa", x.sf_layout, L, M, K / 16, &p.spa);
+  plan_scales(c, x.sfa, "sfa", x.sf_layout, L, M, K / 16, &p.spa, Checker::Batch::kLast);
   p.amax_a = amax_arg(c, x.amax_a, "amax_a");
   p.amax_b1 = amax_arg(c, x.amax_b1, "amax_b1");
   p.amax_b2 = amax_arg(c, x.amax_b2, "amax_b2");
@@ -218,7 +218,7 @@ void check_packed_weights(Checker& c, const TensorView& b, const char* b_arg, co
   c.dtype(s, s_arg, {DType::kUE8M0, DType::kUInt8});
   c.shape(s, s_arg, {G, Np, Kp / 32});
   if (!s.is_contiguous()) c.fail(s_arg, "packed scales must be contiguous, got " + s.describe());
-  plan_scales(c, s, s_arg, ScaleLayout::row_major(), G, Np, Kp / 32, sp);
+  plan_scales(c, s, s_arg, ScaleLayout::row_major(), G, Np, Kp / 32, sp, Checker::Batch::kFirst);
 }
 }  // namespace
 
@@ -236,7 +236,7 @@ void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, co
   if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
     c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
   Mxfp4PackPlan p;
-  plan_scales(c, b_scale, "b_scale", lb, G, N, K / 32, &p.spb);
+  plan_scales(c, b_scale, "b_scale", lb, G, N, K / 32, &p.spb, Checker::Batch::kFirst);
   ScalePlan out_plan;
   check_packed_weights(c, packed_b, "packed_b", packed_scale, "packed_scale", G, N, K, &out_plan);
   c.no_overlap({{"packed_b", &packed_b}, {"packed_scale", &packed_scale}}, {{"b", &b}, {"b_scale", &b_scale}});
@@ -302,7 +302,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
         !(la.kind == ScaleLayoutKind::kBlocked128x4 && la.group_pad != GroupPad::kNone))
       c.fail("a_scale_layout", "expected row_major or blocked128x4 with per-group padding");
     if (la.group_pad != GroupPad::kNone) check_groups(c, la, x.m_indptr, 1, M, &p.spa, &indptr_copy);
-    plan_scales(c, x.a_scale, "a_scale", la, 1, M, K / 32, &p.spa);
+    plan_scales(c, x.a_scale, "a_scale", la, 1, M, K / 32, &p.spa, Checker::Batch::kFirst);
     p.a_scale = x.a_scale.ptr<uint8_t>();
   }
   if (x.m_indptr.device == Device::kCPU && (x.a.dtype == DType::kBFloat16 || x.a_scale_layout.group_pad == GroupPad::kNone)) {
@@ -322,7 +322,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
     const ScaleLayout& lb = x.b_scale_layout;
     if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
       c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
-    plan_scales(c, x.b_scale, "b_scale", lb, G, N, K / 32, &p.spb);
+    plan_scales(c, x.b_scale, "b_scale", lb, G, N, K / 32, &p.spb, Checker::Batch::kFirst);
   }
   p.b_scale = x.b_scale.ptr<uint8_t>();
   c.no_overlap({{"out", &x.out}}, {{"a", &x.a}, {"a_scale", &x.a_scale}, {"b", &x.b}, {"b_scale", &x.b_scale},

@@ -180,6 +180,76 @@ TEST(ApiHardening, ScalesNotInIndexOrderAreRefused) {
   EXPECT_TRUE(all_equal(z, 0xCC));
 }
 
+TEST(ApiHardening, GemmScalesNotInIndexOrderAreRefused) {
+  // grouped GEMM / prepack: a Fortran-ordered [G, Np, Cp] b_scale with G = 1 is dense and looks
+  // like a batch-last view of one, but the batch of these scales is their first dimension
+  const int64_t N = 32, K = 128;
+  std::vector<uint8_t> b(size_t(N * K / 2), 0x22), bs(128 * 4, 127), pb(128 * 128, 0xCC), ps(128 * 8, 0xCC);
+  const TensorView bv(b.data(), DType::kUInt8, {1, N, K / 2});
+  expect_arg([&] {
+    group_gemm_mxfp4_prepack(bv, TensorView(bs.data(), DType::kUE8M0, {1, 128, 4}, {1, 1, 128}),
+                             ScaleLayout::blocked128x4(), TensorView(pb.data(), DType::kUInt8, {1, 128, 128}),
+                             TensorView(ps.data(), DType::kUInt8, {1, 128, 8}), Stream{});
+  }, "b_scale", "index order");
+  EXPECT_TRUE(all_equal(pb, 0xCC));
+  EXPECT_TRUE(all_equal(ps, 0xCC));
+  std::vector<uint16_t> a(size_t(17 * K), 0x3f80), out(size_t(17 * N), 0xCCCC);
+  std::vector<int64_t> ind{0, 17};
+  GroupGemmArgs g;
+  g.a = TensorView(a.data(), DType::kBFloat16, {17, K});
+  g.a_scale_layout = ScaleLayout::row_major();
+  g.b = bv;
+  g.b_scale = TensorView(bs.data(), DType::kUE8M0, {1, N, K / 32}, {1, 1, N});
+  g.b_scale_layout = ScaleLayout::row_major();
+  g.m_indptr = TensorView(ind.data(), DType::kInt64, {2});
+  g.out = TensorView(out.data(), DType::kBFloat16, {17, N});
+  expect_arg([&] { group_gemm_mxfp4_nt_groupwise(g, Stream{}); }, "b_scale", "index order");
+  for (uint16_t v : out) ASSERT_EQ(v, 0xCCCC);
+  g.b_scale = TensorView(bs.data(), DType::kUE8M0, {1, N, K / 32});
+  group_gemm_mxfp4_nt_groupwise(g, Stream{});  // row-major storage is read as before
+
+  // dual GEMM: a C-contiguous [N, K/16, L] scale tensor holds its L matrices interleaved
+  const int64_t M = 5, Nd = 128, Kd = 64, L = 2;
+  std::vector<uint8_t> ad(size_t(L * M * Kd / 2), 0x22), bd(size_t(L * Nd * Kd / 2), 0x22);
+  std::vector<uint8_t> sa(size_t(L * M * Kd / 16), 0x38), sb(size_t(L * Nd * Kd / 16), 0x38);
+  std::vector<uint16_t> c(size_t(L * M * Nd), 0xCCCC);
+  DualGemmArgs d;
+  d.a = TensorView(ad.data(), DType::kUInt8, {M, Kd / 2, L}, {Kd / 2, 1, M * Kd / 2});
+  d.b1 = d.b2 = TensorView(bd.data(), DType::kUInt8, {Nd, Kd / 2, L}, {Kd / 2, 1, Nd * Kd / 2});
+  d.sfa = TensorView(sa.data(), DType::kE4M3, {M, Kd / 16, L}, {Kd / 16, 1, M * Kd / 16});
+  d.sfb1 = d.sfb2 = TensorView(sb.data(), DType::kE4M3, {Nd, Kd / 16, L}, {Kd / 16, 1, Nd * Kd / 16});
+  d.c = TensorView(c.data(), DType::kFloat16, {M, Nd, L}, {Nd, 1, M * Nd});
+  d.sfb2 = TensorView(sb.data(), DType::kE4M3, {Nd, Kd / 16, L});
+  expect_arg([&] { nvfp4_dual_gemm_silu(d, Stream{}); }, "sfb2", "expected element strides (4, 1, 512)");
+  d.sfb2 = d.sfb1;
+  d.sfa = TensorView(sa.data(), DType::kE4M3, {M, Kd / 16, L}, {1, M, M * Kd / 16});
+  expect_arg([&] { nvfp4_dual_gemm_silu(d, Stream{}); }, "sfa", "expected element strides (4, 1, 20)");
+  for (uint16_t v : c) ASSERT_EQ(v, 0xCCCC);
+  // the 6-D blocked view must have the GPU MODE strides, even when C-contiguous
+  std::vector<uint8_t> sba(size_t(L * 128 * 4), 0x38);
+  d.sfa = TensorView(sba.data(), DType::kE4M3, {32, 4, 1, 4, 1, L}, {16, 4, 512, 1, 512, 512});
+  d.sfb1 = TensorView(sba.data(), DType::kE4M3, {32, 4, 1, 4, 1, L}, {16, 4, 512, 1, 512, 512});
+  d.sfb2 = TensorView(sba.data(), DType::kE4M3, {32, 4, 1, 4, 1, L});
+  d.sf_layout = ScaleLayout::blocked128x4();
+  expect_arg([&] { nvfp4_dual_gemm_silu(d, Stream{}); }, "sfb2", "expected element strides");
+  d.sfb2 = d.sfb1;
+  nvfp4_dual_gemm_silu(d, Stream{});  // the documented views are read
+  EXPECT_EQ(c[0], c[1]);
+}
+
+TEST(ApiHardening, InterleavedBatchScalesAreRefusedByTheFormatOps) {
+  // [M, C, L] scales (L > 1) are the batch-last view: C-contiguous ones are not index order
+  const int64_t L = 2, M = 4, K = 64;
+  std::vector<float> x(size_t(L * M * K), 1.0f);
+  std::vector<uint8_t> q(x.size(), 0xCC), s(size_t(L * M * 2), 0xCC);
+  expect_arg([&] {
+    quantize(TensorView(x.data(), DType::kFloat32, {L, M, K}), BlockFormat::mxfp8(), ScaleLayout::row_major(),
+             TensorView(q.data(), DType::kE4M3, {L, M, K}), TensorView(s.data(), DType::kUE8M0, {M, 2, L}));
+  }, "scales", "expected element strides (2, 1, 8)");
+  EXPECT_TRUE(all_equal(q, 0xCC));
+  EXPECT_TRUE(all_equal(s, 0xCC));
+}
+
 // --- host index arrays: one private copy ----------------------------------------------------------
 
 TEST(ApiHardening, HostMIndptrIsCopiedBeforeValidation) {
