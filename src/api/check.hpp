@@ -23,6 +23,55 @@ inline std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
+/// The dtypes an argument accepts, in the order an error message lists them.
+struct DTypes {
+  DType v[8] = {};
+  size_t n = 0;
+  DTypes() = default;
+  DTypes(std::initializer_list<DType> l) {
+    for (DType d : l) v[n++] = d;
+  }
+  const DType* begin() const { return v; }
+  const DType* end() const { return v + n; }
+  size_t size() const { return n; }
+};
+
+/// The description of a 2-D or 3-D matrix argument in errors (Req::matrix, as_mat).
+inline constexpr const char* kMatrixShape = "a 2-D [M, K] or 3-D [L, M, K] tensor";
+
+/// What one tensor argument must be, checked by Checker::require. The checks run in this order,
+/// each failing with the message of the single Checker check it stands for:
+///   present (always: on the first tensor's device, sizes that fit 64 bits, an element-aligned
+///   data pointer), dtype, rank ("expected <what>, got <tensor>"), exact shape, element count
+///   ("expected <what>, got <tensor>"), last dimension contiguous, whole tensor contiguous
+///   ("<what> must be contiguous, got <tensor>").
+/// Checks that do not fit this order or wording stay written out where they are made.
+struct Req {
+  explicit Req(const char* a) : arg(a) {}
+  Req& dtypes(const DTypes& d) { dtypes_ = d; return *this; }
+  /// ndim in [lo, hi]; `what` names the expected shape, e.g. "[T, H]".
+  Req& rank(int lo, int hi, const char* what) { rank_lo = lo; rank_hi = hi; rank_what = what; return *this; }
+  Req& rank(int n, const char* what) { return rank(n, n, what); }
+  /// ndim 2 or 3 (as_mat's [M, K] / [L, M, K]).
+  Req& matrix() { return rank(2, 3, kMatrixShape); }
+  Req& shape(std::vector<int64_t> s) { shape_ = std::move(s); has_shape = true; return *this; }
+  /// exactly one element; `what` e.g. "one element".
+  Req& one_element(const char* what) { numel_what = what; return *this; }
+  Req& last_contiguous() { last_contiguous_ = true; return *this; }
+  /// C-contiguous; `what` starts the message, e.g. "packed weights".
+  Req& contiguous(const char* what) { contiguous_what = what; return *this; }
+
+  const char* arg;
+  DTypes dtypes_;
+  int rank_lo = -1, rank_hi = -1;
+  const char* rank_what = nullptr;
+  std::vector<int64_t> shape_;
+  bool has_shape = false;
+  const char* numel_what = nullptr;
+  bool last_contiguous_ = false;
+  const char* contiguous_what = nullptr;
+};
+
 struct Checker {
   const char* op;
   bool have_device = false;
@@ -71,7 +120,7 @@ struct Checker {
     }
   }
 
-  void dtype(const TensorView& t, const char* arg, std::initializer_list<DType> ok) {
+  void dtype(const TensorView& t, const char* arg, const DTypes& ok) {
     for (DType d : ok)
       if (t.dtype == d) return;
     std::string names;
@@ -89,6 +138,19 @@ struct Checker {
   void last_contiguous(const TensorView& t, const char* arg) {
     if (t.ndim > 0 && t.numel() > 0 && t.shape[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1)
       fail(arg, "the last dimension must be contiguous (stride 1), got " + t.describe());
+  }
+
+  void require(const TensorView& t, const Req& r) {
+    present(t, r.arg);
+    if (r.dtypes_.size() > 0) dtype(t, r.arg, r.dtypes_);
+    if (r.rank_what != nullptr && (t.ndim < r.rank_lo || t.ndim > r.rank_hi))
+      fail(r.arg, std::string("expected ") + r.rank_what + ", got " + t.describe());
+    if (r.has_shape) shape(t, r.arg, r.shape_);
+    if (r.numel_what != nullptr && t.numel() != 1)
+      fail(r.arg, std::string("expected ") + r.numel_what + ", got " + t.describe());
+    if (r.last_contiguous_) last_contiguous(t, r.arg);
+    if (r.contiguous_what != nullptr && !t.is_contiguous())
+      fail(r.arg, std::string(r.contiguous_what) + " must be contiguous, got " + t.describe());
   }
 
   /// Overflow-checked a * b (sizes derived from arguments); the error names `arg`.
@@ -234,7 +296,7 @@ struct Mat {
 };
 
 inline Mat as_mat(const Checker& c, const TensorView& t, const char* arg) {
-  if (t.ndim != 2 && t.ndim != 3) c.fail(arg, "expected a 2-D [M, K] or 3-D [L, M, K] tensor, got " + t.describe());
+  if (t.ndim != 2 && t.ndim != 3) c.fail(arg, std::string("expected ") + kMatrixShape + ", got " + t.describe());
   Mat m;
   if (t.ndim == 3) {
     m.L = t.shape[0];
@@ -269,8 +331,7 @@ inline void check_groups(Checker& c, const ScaleLayout& l, const TensorView& ind
     if (ind.present()) c.fail("m_indptr", "is only used with a grouped (per-group padded) scale layout");
     return;
   }
-  c.present(ind, "m_indptr");
-  c.dtype(ind, "m_indptr", {DType::kInt32, DType::kInt64});
+  c.require(ind, Req("m_indptr").dtypes({DType::kInt32, DType::kInt64}));
   if (ind.ndim != 1 || ind.shape[0] < 2) c.fail("m_indptr", "expected a 1-D tensor of G+1 >= 2 boundaries, got " + ind.describe());
   if (ind.strides[0] != 1) c.fail("m_indptr", "must be contiguous");
   if (L != 1) c.fail("scales", "grouped layouts take a 2-D input (no batch dimension)");
@@ -341,19 +402,22 @@ inline void plan_scales(Checker& c, const TensorView& s, const char* arg, const 
   c.storage(s, arg, c.mul(arg, L, sp->batch_stride), &l, sp->rows_pad, Cp, L, batch);
 }
 
-inline void scale_dtype(Checker& c, const TensorView& s, const char* arg, ScaleType t) {
+/// The dtypes a scale tensor of type t may have.
+inline DTypes scale_dtypes(ScaleType t) {
   switch (t) {
-    case ScaleType::kF32: c.dtype(s, arg, {DType::kFloat32}); return;
-    case ScaleType::kUE8M0: c.dtype(s, arg, {DType::kUE8M0, DType::kUInt8}); return;
-    case ScaleType::kE4M3: c.dtype(s, arg, {DType::kE4M3, DType::kUInt8}); return;
+    case ScaleType::kF32: return {DType::kFloat32};
+    case ScaleType::kUE8M0: return {DType::kUE8M0, DType::kUInt8};
+    case ScaleType::kE4M3: return {DType::kE4M3, DType::kUInt8};
   }
+  return {};
 }
 
-inline void code_dtype(Checker& c, const TensorView& q, const char* arg, const BlockFormat& f) {
-  if (f.elem == Elem::kE4M3) c.dtype(q, arg, {DType::kE4M3, DType::kUInt8});
-  else if (f.elem == Elem::kE5M2) c.dtype(q, arg, {DType::kE5M2, DType::kUInt8});
-  else if (f.elem == Elem::kE2M1) c.dtype(q, arg, {DType::kUInt8, DType::kFloat4E2M1x2});
-  else c.dtype(q, arg, {DType::kUInt8});
+/// The dtypes the code tensor of format f may have.
+inline DTypes code_dtypes(const BlockFormat& f) {
+  if (f.elem == Elem::kE4M3) return {DType::kE4M3, DType::kUInt8};
+  if (f.elem == Elem::kE5M2) return {DType::kE5M2, DType::kUInt8};
+  if (f.elem == Elem::kE2M1) return {DType::kUInt8, DType::kFloat4E2M1x2};
+  return {DType::kUInt8};
 }
 
 inline void check_block(const Checker& c, const BlockFormat& f, int64_t K, const char* arg) {

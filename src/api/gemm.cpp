@@ -6,35 +6,16 @@
 #include <initializer_list>
 
 #include "api/check.hpp"
+#include "api/device.hpp"
 #include "lowbit/gemm.hpp"
 #include "lowbit/mxfp4_pack.hpp"
 #include "ref/ref_gemm.hpp"
 #include "cuda/gemm/launch_gemm.hpp"  // declarations only: called (and defined) only in CUDA + CUTLASS builds
-#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-#include "cuda/common/launch.hpp"
-#endif
 
 namespace lowbit {
 using namespace detail;
 
 namespace {
-
-/// Runs a CUDA launcher (returns a cudaError_t as int) with the tensors' device current; a build
-/// without the sm_90a GEMM kernels refuses.
-template <typename F>
-void run_on_device(const Checker& c, F&& launch) {
-#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-  const cuda::DeviceGuard guard(c.dev_id);  // the tensors' device, whatever the caller's current one
-  if (guard.error() != 0)
-    throw CudaError(std::string(c.op) + ": cannot make cuda:" + std::to_string(c.dev_id) + " current: " +
-                    cuda::error_string(guard.error()));
-  const int err = launch();
-  if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
-#else
-  (void)launch;
-  throw NotSupportedError(std::string(c.op) + ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
-#endif
-}
 
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
 /// The CUDA kernels read weight rows with 16-byte copies.
@@ -51,9 +32,7 @@ struct Operand {
 };
 
 Operand fp4_operand(Checker& c, const TensorView& t, const char* arg) {
-  c.present(t, arg);
-  c.dtype(t, arg, {DType::kUInt8, DType::kFloat4E2M1x2});
-  if (t.ndim != 2 && t.ndim != 3) c.fail(arg, "expected [rows, K/2, L] or [rows, K/2], got " + t.describe());
+  c.require(t, Req(arg).dtypes({DType::kUInt8, DType::kFloat4E2M1x2}).rank(2, 3, "[rows, K/2, L] or [rows, K/2]"));
   if (t.shape[1] > 1 && t.strides[1] != 1) c.fail(arg, "the packed K dimension (dim 1) must be contiguous, got " + t.describe());
   Operand o;
   o.R = t.shape[0];
@@ -66,16 +45,11 @@ Operand fp4_operand(Checker& c, const TensorView& t, const char* arg) {
   return o;
 }
 
-void e4m3_scales(Checker& c, const TensorView& s, const char* arg) {
-  c.present(s, arg);
-  c.dtype(s, arg, {DType::kE4M3, DType::kUInt8});
-}
+void e4m3_scales(Checker& c, const TensorView& s, const char* arg) { c.require(s, Req(arg).dtypes({DType::kE4M3, DType::kUInt8})); }
 
 const float* amax_arg(Checker& c, const TensorView& t, const char* arg) {
   if (!t.present()) return nullptr;
-  c.present(t, arg);
-  c.dtype(t, arg, {DType::kFloat32});
-  if (t.numel() != 1) c.fail(arg, "expected one element (the per-tensor amax), got " + t.describe());
+  c.require(t, Req(arg).dtypes({DType::kFloat32}).one_element("one element (the per-tensor amax)"));
   if (t.device == Device::kCPU && *t.ptr<float>() < 0.0f)
     c.fail(arg, "the per-tensor amax must be >= 0, got " + std::to_string(*t.ptr<float>()));
   return t.ptr<float>();
@@ -129,12 +103,11 @@ void nvfp4_dual_gemm_prepack(const DualGemmArgs& x, const TensorView& packed, St
   Checker c{"nvfp4_dual_gemm_prepack"};
   DualGemmPlan p;
   plan_dual_weights(c, x, &p);
-  c.present(packed, "packed");
-  c.dtype(packed, "packed", {DType::kUInt8});
+  c.require(packed, Req("packed").dtypes({DType::kUInt8}));
   c.storage(packed, "packed", nvfp4_dual_gemm_packed_bytes(p.N, p.K, p.L));
   c.no_overlap({{"packed", &packed}}, {{"b1", &x.b1}, {"b2", &x.b2}, {"sfb1", &x.sfb1}, {"sfb2", &x.sfb2}});
   if (c.dev != Device::kCUDA) c.fail("packed", "prepacking produces the CUDA kernel's layout: pass CUDA tensors");
-  run_on_device(c, [&] { return cuda::nvfp4_dual_gemm_prepack(p, packed.ptr<uint8_t>(), stream.handle); });
+  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::nvfp4_dual_gemm_prepack(p, packed.ptr<uint8_t>(), stream.handle); });
 }
 
 void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
@@ -155,8 +128,7 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
     p.K = K;
     p.L = L;
     if (p.N % 128 != 0 || p.N == 0) c.fail("c", "N = " + std::to_string(p.N) + " must be a positive multiple of 128");
-    c.present(x.packed_b, "packed_b");
-    c.dtype(x.packed_b, "packed_b", {DType::kUInt8});
+    c.require(x.packed_b, Req("packed_b").dtypes({DType::kUInt8}));
     c.storage(x.packed_b, "packed_b", nvfp4_dual_gemm_packed_bytes(p.N, K, L));
     check_dual_sf_layout(c, x.sf_layout);
   } else {
@@ -168,9 +140,8 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
   }
   const int64_t N = p.N;
   e4m3_scales(c, x.sfa, "sfa");
-  c.present(x.c, "c");
-  c.dtype(x.c, "c", {DType::kFloat16, DType::kBFloat16});
-  c.shape(x.c, "c", x.a.ndim == 3 ? std::vector<int64_t>{M, N, L} : std::vector<int64_t>{M, N});
+  c.require(x.c, Req("c").dtypes({DType::kFloat16, DType::kBFloat16})
+                     .shape(x.a.ndim == 3 ? std::vector<int64_t>{M, N, L} : std::vector<int64_t>{M, N}));
   if (x.c.strides[1] != 1) c.fail("c", "the N dimension (dim 1) must be contiguous, got " + x.c.describe());
   p.M = M;
   p.a = x.a.ptr<uint8_t>();
@@ -193,7 +164,7 @@ void nvfp4_dual_gemm_silu(const DualGemmArgs& x, Stream stream) {
     ref::nvfp4_dual_gemm_silu(p);
     return;
   }
-  run_on_device(c, [&] { return cuda::nvfp4_dual_gemm(p, prepacked ? x.packed_b.ptr<uint8_t>() : nullptr, stream.handle); });
+  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::nvfp4_dual_gemm(p, prepacked ? x.packed_b.ptr<uint8_t>() : nullptr, stream.handle); });
 }
 
 }  // namespace lowbit
@@ -210,14 +181,8 @@ void check_packed_weights(Checker& c, const TensorView& b, const char* b_arg, co
   int64_t Np, Kp;
   if (!checked_mxfp4_packed_rows(N, &Np)) c.fail(b_arg, "the packed rows of N = " + std::to_string(N) + " overflow a 64-bit integer");
   if (!checked_mxfp4_packed_k(K, &Kp)) c.fail(b_arg, "the packed K of K = " + std::to_string(K) + " overflow a 64-bit integer");
-  c.present(b, b_arg);
-  c.dtype(b, b_arg, {DType::kUInt8, DType::kFloat4E2M1x2});
-  c.shape(b, b_arg, {G, Np, Kp / 2});
-  if (!b.is_contiguous()) c.fail(b_arg, "packed weights must be contiguous, got " + b.describe());
-  c.present(s, s_arg);
-  c.dtype(s, s_arg, {DType::kUE8M0, DType::kUInt8});
-  c.shape(s, s_arg, {G, Np, Kp / 32});
-  if (!s.is_contiguous()) c.fail(s_arg, "packed scales must be contiguous, got " + s.describe());
+  c.require(b, Req(b_arg).dtypes({DType::kUInt8, DType::kFloat4E2M1x2}).shape({G, Np, Kp / 2}).contiguous("packed weights"));
+  c.require(s, Req(s_arg).dtypes({DType::kUE8M0, DType::kUInt8}).shape({G, Np, Kp / 32}).contiguous("packed scales"));
   plan_scales(c, s, s_arg, ScaleLayout::row_major(), G, Np, Kp / 32, sp, Checker::Batch::kFirst);
 }
 }  // namespace
@@ -225,14 +190,12 @@ void check_packed_weights(Checker& c, const TensorView& b, const char* b_arg, co
 void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, const ScaleLayout& lb,
                               const TensorView& packed_b, const TensorView& packed_scale, Stream stream) {
   Checker c{"group_gemm_mxfp4_prepack"};
-  c.present(b, "b");
-  c.dtype(b, "b", {DType::kUInt8, DType::kFloat4E2M1x2});
+  c.require(b, Req("b").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}));
   if (b.ndim != 3 || b.shape[2] == 0 || b.shape[2] % 16 != 0 || b.shape[1] == 0)
     c.fail("b", "expected [groups, N, K/2] with K a positive multiple of 32, got " + b.describe());
   c.last_contiguous(b, "b");
   const int64_t G = b.shape[0], N = b.shape[1], K = 2 * b.shape[2];
-  c.present(b_scale, "b_scale");
-  c.dtype(b_scale, "b_scale", {DType::kUE8M0, DType::kUInt8});
+  c.require(b_scale, Req("b_scale").dtypes({DType::kUE8M0, DType::kUInt8}));
   if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
     c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
   Mxfp4PackPlan p;
@@ -249,19 +212,15 @@ void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, co
     ref::mxfp4_prepack(p);
     return;
   }
-  run_on_device(c, [&] { return cuda::mxfp4_prepack(p, stream.handle); });
+  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::mxfp4_prepack(p, stream.handle); });
 }
 
 void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   Checker c{"group_gemm_mxfp4_nt_groupwise"};
-  c.present(x.a, "a");
-  c.dtype(x.a, "a", {DType::kE4M3, DType::kE5M2, DType::kBFloat16});
-  if (x.a.ndim != 2) c.fail("a", "expected [cum_m, K], got " + x.a.describe());
-  c.last_contiguous(x.a, "a");
+  c.require(x.a, Req("a").dtypes({DType::kE4M3, DType::kE5M2, DType::kBFloat16}).rank(2, "[cum_m, K]").last_contiguous());
   const int64_t M = x.a.shape[0], K = x.a.shape[1];
   if (K % 32 != 0 || K == 0) c.fail("a", "K = " + std::to_string(K) + " must be a positive multiple of 32 (the MX block)");
-  c.present(x.b, "b");
-  c.dtype(x.b, "b", {DType::kUInt8, DType::kFloat4E2M1x2});
+  c.require(x.b, Req("b").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}));
   if (x.b.ndim != 3 || (!x.b_packed && x.b.shape[2] != K / 2))
     c.fail("b", "expected [groups, N, " + std::to_string(K / 2) + "], got " + x.b.describe());
   c.last_contiguous(x.b, "b");
@@ -269,14 +228,10 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   if (x.b_packed) c.present(x.out, "out");
   const int64_t N = x.b_packed ? (x.out.ndim == 2 ? x.out.shape[1] : 0) : x.b.shape[1];
   if (N % 8 != 0 || N == 0) c.fail(x.b_packed ? "out" : "b", "N = " + std::to_string(N) + " must be a positive multiple of 8");
-  c.present(x.m_indptr, "m_indptr");
-  c.dtype(x.m_indptr, "m_indptr", {DType::kInt32, DType::kInt64});
+  c.require(x.m_indptr, Req("m_indptr").dtypes({DType::kInt32, DType::kInt64}));
   if (x.m_indptr.ndim != 1 || x.m_indptr.shape[0] != G + 1 || x.m_indptr.strides[0] != 1)
     c.fail("m_indptr", "expected a contiguous [" + std::to_string(G + 1) + "] tensor (groups + 1), got " + x.m_indptr.describe());
-  c.present(x.out, "out");
-  c.dtype(x.out, "out", {DType::kBFloat16, DType::kFloat16});
-  c.shape(x.out, "out", {M, N});
-  c.last_contiguous(x.out, "out");
+  c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat16}).shape({M, N}).last_contiguous());
 
   GroupGemmPlan p;
   p.M = M; p.N = N; p.K = K; p.G = G;
@@ -295,8 +250,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   if (x.a.dtype == DType::kBFloat16) {
     if (x.a_scale.present()) c.fail("a_scale", "bfloat16 activations (W4A16) take no scales");
   } else {
-    c.present(x.a_scale, "a_scale");
-    c.dtype(x.a_scale, "a_scale", {DType::kUE8M0, DType::kUInt8});
+    c.require(x.a_scale, Req("a_scale").dtypes({DType::kUE8M0, DType::kUInt8}));
     const ScaleLayout& la = x.a_scale_layout;
     if (!(la.kind == ScaleLayoutKind::kRowMajor && la.group_pad == GroupPad::kNone) &&
         !(la.kind == ScaleLayoutKind::kBlocked128x4 && la.group_pad != GroupPad::kNone))
@@ -317,8 +271,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
     check_packed_weights(c, x.b, "b", x.b_scale, "b_scale", G, N, K, &p.spb);
     p.b_packed = true;
   } else {
-    c.present(x.b_scale, "b_scale");
-    c.dtype(x.b_scale, "b_scale", {DType::kUE8M0, DType::kUInt8});
+    c.require(x.b_scale, Req("b_scale").dtypes({DType::kUE8M0, DType::kUInt8}));
     const ScaleLayout& lb = x.b_scale_layout;
     if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
       c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
@@ -338,7 +291,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   if (!x.b_packed && x.b_scale_layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0)
     c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + x.b_scale.describe());
 #endif
-  run_on_device(c, [&] { return cuda::group_gemm_mxfp4(p, stream.handle); });
+  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::group_gemm_mxfp4(p, stream.handle); });
 }
 
 }  // namespace lowbit
@@ -348,14 +301,10 @@ using namespace detail;
 
 void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   Checker c{"gpt_oss_moe_mlp"};
-  c.present(x.x, "x");
-  c.dtype(x.x, "x", {DType::kBFloat16, DType::kFloat32});
-  if (x.x.ndim != 2) c.fail("x", "expected [T, H], got " + x.x.describe());
-  c.last_contiguous(x.x, "x");
+  c.require(x.x, Req("x").dtypes({DType::kBFloat16, DType::kFloat32}).rank(2, "[T, H]").last_contiguous());
   const int64_t T = x.x.shape[0], H = x.x.shape[1];
   if (H % 32 != 0 || H == 0) c.fail("x", "hidden size H = " + std::to_string(H) + " must be a positive multiple of 32");
-  c.present(x.w1, "w1");
-  c.dtype(x.w1, "w1", {DType::kUInt8, DType::kFloat4E2M1x2});
+  c.require(x.w1, Req("w1").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}));
   if (x.packed) {  // E and I from b1 [E, 2I]
     c.present(x.b1, "b1");
     if (x.b1.ndim != 2 || x.b1.shape[1] % 2 != 0) c.fail("b1", "expected [E, 2I], got " + x.b1.describe());
@@ -371,27 +320,14 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
     check_packed_weights(c, x.w1, "w1", x.w1_scale, "w1_scale", E, 2 * I, H, &unused);
     check_packed_weights(c, x.w2, "w2", x.w2_scale, "w2_scale", E, H, I, &unused);
   } else {
-    c.present(x.w1_scale, "w1_scale");
-    c.dtype(x.w1_scale, "w1_scale", {DType::kUE8M0, DType::kUInt8});
-    c.shape(x.w1_scale, "w1_scale", {E, 2 * I, H / 32});
-    c.last_contiguous(x.w1_scale, "w1_scale");
-    c.present(x.w2, "w2");
-    c.dtype(x.w2, "w2", {DType::kUInt8, DType::kFloat4E2M1x2});
-    c.shape(x.w2, "w2", {E, H, I / 2});
-    c.last_contiguous(x.w2, "w2");
-    c.present(x.w2_scale, "w2_scale");
-    c.dtype(x.w2_scale, "w2_scale", {DType::kUE8M0, DType::kUInt8});
-    c.shape(x.w2_scale, "w2_scale", {E, H, I / 32});
-    c.last_contiguous(x.w2_scale, "w2_scale");
+    const DTypes ue8m0 = {DType::kUE8M0, DType::kUInt8};
+    c.require(x.w1_scale, Req("w1_scale").dtypes(ue8m0).shape({E, 2 * I, H / 32}).last_contiguous());
+    c.require(x.w2, Req("w2").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}).shape({E, H, I / 2}).last_contiguous());
+    c.require(x.w2_scale, Req("w2_scale").dtypes(ue8m0).shape({E, H, I / 32}).last_contiguous());
   }
-  c.present(x.b1, "b1");
-  c.dtype(x.b1, "b1", {DType::kFloat32, DType::kBFloat16});
-  c.shape(x.b1, "b1", {E, 2 * I});
-  c.last_contiguous(x.b1, "b1");
-  c.present(x.b2, "b2");
-  c.dtype(x.b2, "b2", {DType::kFloat32, DType::kBFloat16});
-  c.shape(x.b2, "b2", {E, H});
-  c.last_contiguous(x.b2, "b2");
+  const DTypes bias = {DType::kFloat32, DType::kBFloat16};
+  c.require(x.b1, Req("b1").dtypes(bias).shape({E, 2 * I}).last_contiguous());
+  c.require(x.b2, Req("b2").dtypes(bias).shape({E, H}).last_contiguous());
   c.present(x.topk_ids, "topk_ids");
   if (x.topk_ids.dtype == DType::kInt64)
     c.fail("topk_ids", "expected dtype int32 expert ids, got int64 (convert torch.topk's int64 indices to int32; "
@@ -400,14 +336,8 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   if (x.topk_ids.ndim != 2 || x.topk_ids.shape[0] != T) c.fail("topk_ids", "expected [" + std::to_string(T) + ", k], got " + x.topk_ids.describe());
   c.last_contiguous(x.topk_ids, "topk_ids");
   const int64_t k = x.topk_ids.shape[1];
-  c.present(x.topk_weights, "topk_weights");
-  c.dtype(x.topk_weights, "topk_weights", {DType::kFloat32});
-  c.shape(x.topk_weights, "topk_weights", {T, k});
-  c.last_contiguous(x.topk_weights, "topk_weights");
-  c.present(x.out, "out");
-  c.dtype(x.out, "out", {DType::kBFloat16, DType::kFloat32});
-  c.shape(x.out, "out", {T, H});
-  c.last_contiguous(x.out, "out");
+  c.require(x.topk_weights, Req("topk_weights").dtypes({DType::kFloat32}).shape({T, k}).last_contiguous());
+  c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat32}).shape({T, H}).last_contiguous());
   if (!(x.limit > 0.0f)) c.fail("limit", "expected limit > 0, got " + std::to_string(x.limit));
   if (!std::isfinite(x.alpha)) c.fail("alpha", "expected a finite alpha, got " + std::to_string(x.alpha));
   MoeMlpPlan p;
@@ -454,7 +384,7 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   if (E > 4096) c.fail("w1", "the CUDA MLP routes at most 4096 experts, got E = " + std::to_string(E));
   if (T * k >= (int64_t(1) << 31)) c.fail("topk_ids", "T * k must be below 2^31 routed rows");
 #endif
-  run_on_device(c, [&] { return cuda::gpt_oss_moe_mlp(p, stream.handle); });
+  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::gpt_oss_moe_mlp(p, stream.handle); });
 }
 
 }  // namespace lowbit

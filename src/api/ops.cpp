@@ -2,52 +2,19 @@
 // Nothing here computes: it checks every argument, builds a plan (core/plan.hpp) and hands it
 // to the CPU reference (src/ref) or to a CUDA launcher (src/cuda).
 #include <cstring>
-#include <initializer_list>
 #include <utility>
 #include <vector>
 
 #include "api/check.hpp"
+#include "api/device.hpp"
 #include "lowbit/error.hpp"
 #include "lowbit/ops.hpp"
 #include "ref/ref.hpp"
-#if LOWBIT_WITH_CUDA
-#include "cuda/common/launch.hpp"
-#endif
 
 namespace lowbit {
 using namespace detail;
 
 namespace {
-
-template <typename Plan>
-void dispatch(const Checker& c, const Plan& p, void (*cpu)(const Plan&), int (*gpu)(const Plan&, void*), Stream s) {
-  if (c.dev == Device::kCPU) {
-    cpu(p);
-    return;
-  }
-#if LOWBIT_WITH_CUDA
-  const cuda::DeviceGuard guard(c.dev_id);  // the tensors' device, whatever the caller's current one
-  if (guard.error() != 0)
-    throw CudaError(std::string(c.op) + ": cannot make cuda:" + std::to_string(c.dev_id) + " current: " +
-                    cuda::error_string(guard.error()));
-  const int err = gpu(p, s.handle);
-  if (err != 0) throw CudaError(std::string(c.op) + ": CUDA error: " + cuda::error_string(err));
-#else
-  (void)gpu;
-  (void)p;
-  (void)s;
-  throw NotSupportedError(std::string(c.op) + ": this build of lowbit has no CUDA kernels; pass CPU tensors");
-#endif
-}
-
-#if !LOWBIT_WITH_CUDA
-// Placeholders so dispatch() has a function to name in a CPU-only build (never called).
-template <typename Plan>
-int no_gpu(const Plan&, void*) { return -1; }
-#define LOWBIT_GPU(fn) no_gpu
-#else
-#define LOWBIT_GPU(fn) cuda::fn
-#endif
 
 /// UINT4 zero points: the layout and element count of the scales, stored in index order.
 void zeros_storage(Checker& c, const TensorView& zeros, const TensorView& scales, const ScaleLayout& layout,
@@ -101,17 +68,11 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
   Checker c{"quantize"};
   validate_format(f, c.op);
   check_layout_row_align(c, layout);
-  c.present(x, "x");
-  c.dtype(x, "x", {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
+  c.require(x, Req("x").dtypes({DType::kFloat32, DType::kFloat16, DType::kBFloat16}).matrix().last_contiguous());
   const Mat m = as_mat(c, x, "x");
-  c.last_contiguous(x, "x");
   check_block(c, f, m.K, "x");
-  c.present(q, "q");
-  code_dtype(c, q, "q", f);
-  c.shape(q, "q", with_batch(x, m.L, m.M, f.packed() ? m.K / 2 : m.K));
-  c.last_contiguous(q, "q");
-  c.present(scales, "scales");
-  scale_dtype(c, scales, "scales", f.scale_type);
+  c.require(q, Req("q").dtypes(code_dtypes(f)).shape(with_batch(x, m.L, m.M, f.packed() ? m.K / 2 : m.K)).last_contiguous());
+  c.require(scales, Req("scales").dtypes(scale_dtypes(f.scale_type)));
 
   QuantPlan p;
   p.f = f;
@@ -133,8 +94,7 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
   plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
 
   if (f.has_zero_point()) {
-    c.present(args.zeros, "zeros");
-    c.dtype(args.zeros, "zeros", {DType::kUInt8});
+    c.require(args.zeros, Req("zeros").dtypes({DType::kUInt8}));
     zeros_storage(c, args.zeros, scales, layout, p.sp);
     p.zeros = args.zeros.ptr<uint8_t>();
   } else if (args.zeros.present()) {
@@ -142,9 +102,7 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
   }
   if (args.global_amax.present()) {
     if (!f.has_global_scale()) c.fail("global_amax", "only NVFP4 has a per-tensor scale");
-    c.present(args.global_amax, "global_amax");
-    c.dtype(args.global_amax, "global_amax", {DType::kFloat32});
-    if (args.global_amax.numel() != 1) c.fail("global_amax", "expected one element, got " + args.global_amax.describe());
+    c.require(args.global_amax, Req("global_amax").dtypes({DType::kFloat32}).one_element("one element"));
     p.global_amax = args.global_amax.ptr<float>();
     p.compute_global_amax = args.compute_global_amax;
     if (!p.compute_global_amax && args.global_amax.device == Device::kCPU) {
@@ -160,7 +118,7 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
   Checker::Named ins = {{"x", &x}, {"m_indptr", &args.m_indptr}};
   (p.compute_global_amax ? outs : ins).push_back({"global_amax", &args.global_amax});
   c.no_overlap(outs, ins);
-  dispatch(c, p, &ref::quantize, &LOWBIT_GPU(quantize), stream);
+  dispatch(c, p, &ref::quantize, [&] { return cuda::quantize(p, stream.handle); });
 }
 
 void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat& f, const ScaleLayout& layout,
@@ -168,17 +126,14 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
   Checker c{"dequantize"};
   validate_format(f, c.op);
   check_layout_row_align(c, layout);
-  c.present(out, "out");
-  c.dtype(out, "out", {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kE4M3, DType::kE5M2});
+  c.require(out, Req("out")
+                     .dtypes({DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kE4M3, DType::kE5M2})
+                     .matrix()
+                     .last_contiguous());
   const Mat m = as_mat(c, out, "out");
-  c.last_contiguous(out, "out");
   check_block(c, f, m.K, "out");
-  c.present(q, "q");
-  code_dtype(c, q, "q", f);
-  c.shape(q, "q", with_batch(out, m.L, m.M, f.packed() ? m.K / 2 : m.K));
-  c.last_contiguous(q, "q");
-  c.present(scales, "scales");
-  scale_dtype(c, scales, "scales", f.scale_type);
+  c.require(q, Req("q").dtypes(code_dtypes(f)).shape(with_batch(out, m.L, m.M, f.packed() ? m.K / 2 : m.K)).last_contiguous());
+  c.require(scales, Req("scales").dtypes(scale_dtypes(f.scale_type)));
   if (args.compute_global_amax) c.fail("compute_global_amax", "is a quantize option");
 
   DequantPlan p;
@@ -200,8 +155,7 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
   check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
   plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
   if (f.has_zero_point()) {
-    c.present(args.zeros, "zeros");
-    c.dtype(args.zeros, "zeros", {DType::kUInt8});
+    c.require(args.zeros, Req("zeros").dtypes({DType::kUInt8}));
     zeros_storage(c, args.zeros, scales, layout, p.sp);
     p.zeros = args.zeros.ptr<uint8_t>();
   } else if (args.zeros.present()) {
@@ -209,9 +163,7 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
   }
   if (args.global_amax.present()) {
     if (!f.has_global_scale()) c.fail("global_amax", "only NVFP4 has a per-tensor scale");
-    c.present(args.global_amax, "global_amax");
-    c.dtype(args.global_amax, "global_amax", {DType::kFloat32});
-    if (args.global_amax.numel() != 1) c.fail("global_amax", "expected one element, got " + args.global_amax.describe());
+    c.require(args.global_amax, Req("global_amax").dtypes({DType::kFloat32}).one_element("one element"));
     p.global_amax = args.global_amax.ptr<float>();
     if (args.global_amax.device == Device::kCPU) {
       gamax_copy = *p.global_amax;  // read once: the value checked is the value used
@@ -221,7 +173,7 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
   }
   c.no_overlap({{"out", &out}}, {{"q", &q}, {"scales", &scales}, {"zeros", &args.zeros}, {"global_amax", &args.global_amax},
                                  {"m_indptr", &args.m_indptr}});
-  dispatch(c, p, &ref::dequantize, &LOWBIT_GPU(dequantize), stream);
+  dispatch(c, p, &ref::dequantize, [&] { return cuda::dequantize(p, stream.handle); });
 }
 
 void transcode(const TensorView& q, const BlockFormat& f, const TensorView& out, const QuantArgs& args, Stream stream) {
@@ -229,17 +181,13 @@ void transcode(const TensorView& q, const BlockFormat& f, const TensorView& out,
   validate_format(f, c.op);
   if (!(f.elem == Elem::kInt4 || f.elem == Elem::kUInt4 || f.elem == Elem::kE2M1))
     c.fail("format", "exact transcoding takes INT4, UINT4 (zero point) or E2M1 codes, got " + format_name(f));
-  c.present(out, "out");
-  c.dtype(out, "out", {DType::kE4M3, DType::kE5M2});
+  c.require(out, Req("out").dtypes({DType::kE4M3, DType::kE5M2}));
   if (f.elem == Elem::kUInt4 && out.dtype != DType::kE4M3)
     c.fail("out", "UINT4 codes minus zero points (-15..15) are exact in float8_e4m3fn only");
+  c.require(out, Req("out").matrix().last_contiguous());
   const Mat m = as_mat(c, out, "out");
-  c.last_contiguous(out, "out");
   check_block(c, f, m.K, "out");
-  c.present(q, "q");
-  code_dtype(c, q, "q", f);
-  c.shape(q, "q", with_batch(out, m.L, m.M, m.K / 2));
-  c.last_contiguous(q, "q");
+  c.require(q, Req("q").dtypes(code_dtypes(f)).shape(with_batch(out, m.L, m.M, m.K / 2)).last_contiguous());
   TranscodePlan p;
   p.f = f;
   p.L = m.L;
@@ -254,8 +202,7 @@ void transcode(const TensorView& q, const BlockFormat& f, const TensorView& out,
   p.o_sL = m.sL;
   p.o_sM = m.sM;
   if (f.elem == Elem::kUInt4) {
-    c.present(args.zeros, "zeros");
-    c.dtype(args.zeros, "zeros", {DType::kUInt8});
+    c.require(args.zeros, Req("zeros").dtypes({DType::kUInt8}));
     // zero points are stored row-major [L, M, K/block] for transcode
     c.storage(args.zeros, "zeros", m.L * m.M * (m.K / f.block));
     p.zeros = args.zeros.ptr<uint8_t>();
@@ -267,14 +214,14 @@ void transcode(const TensorView& q, const BlockFormat& f, const TensorView& out,
     c.fail("zeros", "only UINT4 codes have zero points");
   }
   c.no_overlap({{"out", &out}}, {{"q", &q}, {"zeros", &args.zeros}});
-  dispatch(c, p, &ref::transcode, &LOWBIT_GPU(transcode), stream);
+  dispatch(c, p, &ref::transcode, [&] { return cuda::transcode(p, stream.handle); });
 }
 
 void cast(const TensorView& x, const TensorView& out, Saturate sat, Stream stream) {
   Checker c{"cast"};
   c.present(x, "x");
   c.present(out, "out");
-  const std::initializer_list<DType> fl = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kE4M3, DType::kE5M2};
+  const DTypes fl = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kE4M3, DType::kE5M2};
   c.dtype(x, "x", fl);
   c.dtype(out, "out", fl);
   c.shape(out, "out", std::vector<int64_t>(x.shape, x.shape + x.ndim));
@@ -291,7 +238,7 @@ void cast(const TensorView& x, const TensorView& out, Saturate sat, Stream strea
     p.os[d] = out.strides[d];
   }
   c.no_overlap({{"out", &out}}, {{"x", &x}});
-  dispatch(c, p, &ref::cast, &LOWBIT_GPU(cast), stream);
+  dispatch(c, p, &ref::cast, [&] { return cuda::cast(p, stream.handle); });
 }
 
 void convert_scale_layout(const TensorView& in, const ScaleLayout& from, const TensorView& out, const ScaleLayout& to,
@@ -339,34 +286,20 @@ void convert_scale_layout(const TensorView& in, const ScaleLayout& from, const T
   }
   if (!used_indptr && m_indptr.present()) c.fail("m_indptr", "is only used with a grouped scale layout");
   c.no_overlap({{"out", &out}}, {{"in", &in}, {"m_indptr", &m_indptr}});
-  dispatch(c, p, &ref::convert_layout, &LOWBIT_GPU(convert_layout), stream);
+  dispatch(c, p, &ref::convert_layout, [&] { return cuda::convert_layout(p, stream.handle); });
 }
 
 void tensor_amax(const TensorView& x, const TensorView& out, Stream stream) {
   Checker c{"tensor_amax"};
-  c.present(x, "x");
-  c.dtype(x, "x", {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
+  c.require(x, Req("x").dtypes({DType::kFloat32, DType::kFloat16, DType::kBFloat16}).matrix().last_contiguous());
   const Mat m = as_mat(c, x, "x");
-  c.last_contiguous(x, "x");
-  c.present(out, "out");
-  c.dtype(out, "out", {DType::kFloat32});
-  if (out.numel() != 1) c.fail("out", "expected one element, got " + out.describe());
+  c.require(out, Req("out").dtypes({DType::kFloat32}).one_element("one element"));
   c.no_overlap({{"out", &out}}, {{"x", &x}});
   if (c.dev == Device::kCPU) {
     *out.ptr<float>() = bits_float(ref::amax_bits(x.data, x.dtype, m.L, m.M, m.K, m.sL, m.sM));
     return;
   }
-#if LOWBIT_WITH_CUDA
-  const cuda::DeviceGuard guard(c.dev_id);
-  if (guard.error() != 0)
-    throw CudaError(std::string("tensor_amax: cannot make cuda:") + std::to_string(c.dev_id) + " current: " +
-                    cuda::error_string(guard.error()));
-  const int err = cuda::tensor_amax(x.data, x.dtype, m.L, m.M, m.K, m.sL, m.sM, out.ptr<float>(), stream.handle);
-  if (err != 0) throw CudaError(std::string("tensor_amax: CUDA error: ") + cuda::error_string(err));
-#else
-  (void)stream;
-  throw NotSupportedError("tensor_amax: this build of lowbit has no CUDA kernels; pass CPU tensors");
-#endif
+  run_on_device(c, [&] { return cuda::tensor_amax(x.data, x.dtype, m.L, m.M, m.K, m.sL, m.sM, out.ptr<float>(), stream.handle); });
 }
 
 namespace {
@@ -374,17 +307,11 @@ namespace {
 /// nf4_kcache_dequantize ("out"); k_arg is the name errors give it.
 KCachePlan kcache_plan(Checker& c, const TensorView& k, const char* k_arg, const TensorView& codes,
                        const TensorView& scale, const TensorView& residual, bool residual_required, NibbleOrder order) {
-  c.present(k, k_arg);
-  c.dtype(k, k_arg, {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
-  if (k.ndim != 4) c.fail(k_arg, "expected [B, T, H, D], got " + k.describe());
+  c.require(k, Req(k_arg).dtypes({DType::kFloat32, DType::kFloat16, DType::kBFloat16}).rank(4, "[B, T, H, D]"));
   const int64_t B = k.shape[0], T = k.shape[1], H = k.shape[2], D = k.shape[3];
   if (D % 2 != 0) c.fail(k_arg, "head dim D = " + std::to_string(D) + " must be even (two NF4 codes per byte)");
-  c.present(codes, "codes");
-  c.dtype(codes, "codes", {DType::kUInt8});
-  c.shape(codes, "codes", {B, T, H, D / 2});
-  c.present(scale, "scale");
-  c.dtype(scale, "scale", {DType::kFloat32});
-  c.shape(scale, "scale", {B, H, D});
+  c.require(codes, Req("codes").dtypes({DType::kUInt8}).shape({B, T, H, D / 2}));
+  c.require(scale, Req("scale").dtypes({DType::kFloat32}).shape({B, H, D}));
   KCachePlan p;
   p.B = B; p.T = T; p.H = H; p.D = D;
   p.k = k.data;
@@ -397,9 +324,7 @@ KCachePlan kcache_plan(Checker& c, const TensorView& k, const char* k_arg, const
   }
   for (int i = 0; i < 3; ++i) p.s_s[i] = scale.strides[i];
   if (residual.present() || residual_required) {
-    c.present(residual, "residual");
-    c.dtype(residual, "residual", {DType::kE5M2, DType::kE4M3});
-    c.shape(residual, "residual", {B, T, H, D});
+    c.require(residual, Req("residual").dtypes({DType::kE5M2, DType::kE4M3}).shape({B, T, H, D}));
     p.residual = residual.ptr<uint8_t>();
     p.r_dtype = residual.dtype;
     for (int i = 0; i < 4; ++i) p.r_s[i] = residual.strides[i];
@@ -414,7 +339,7 @@ void nf4_kcache_quantize(const TensorView& k, const TensorView& codes, const Ten
   Checker c{"nf4_kcache_quantize"};
   KCachePlan p = kcache_plan(c, k, "k", codes, scale, residual, true, order);
   c.no_overlap({{"codes", &codes}, {"scale", &scale}, {"residual", &residual}}, {{"k", &k}});
-  dispatch(c, p, &ref::kcache_quantize, &LOWBIT_GPU(kcache_quantize), stream);
+  dispatch(c, p, &ref::kcache_quantize, [&] { return cuda::kcache_quantize(p, stream.handle); });
 }
 
 void nf4_kcache_dequantize(const TensorView& codes, const TensorView& scale, const TensorView& residual,
@@ -422,7 +347,7 @@ void nf4_kcache_dequantize(const TensorView& codes, const TensorView& scale, con
   Checker c{"nf4_kcache_dequantize"};
   KCachePlan p = kcache_plan(c, out, "out", codes, scale, residual, false, order);
   c.no_overlap({{"out", &out}}, {{"codes", &codes}, {"scale", &scale}, {"residual", &residual}});
-  dispatch(c, p, &ref::kcache_dequantize, &LOWBIT_GPU(kcache_dequantize), stream);
+  dispatch(c, p, &ref::kcache_dequantize, [&] { return cuda::kcache_dequantize(p, stream.handle); });
 }
 
 BuildInfo build_info() {
