@@ -1,4 +1,5 @@
-// src/api/ops.cpp: argument validation and CPU/CUDA dispatch of the format ops (lowbit/ops.hpp).
+// src/api/formats.cpp: argument validation and CPU/CUDA dispatch of the format ops of
+// lowbit/ops.hpp (quantize, dequantize, transcode, cast, scale layouts, tensor_amax).
 // Nothing here computes: it checks every argument, builds a plan (core/plan.hpp) and hands it
 // to the CPU reference (src/ref) or to a CUDA launcher (src/cuda).
 #include <cstring>
@@ -300,78 +301,6 @@ void tensor_amax(const TensorView& x, const TensorView& out, Stream stream) {
     return;
   }
   run_on_device(c, [&] { return cuda::tensor_amax(x.data, x.dtype, m.L, m.M, m.K, m.sL, m.sM, out.ptr<float>(), stream.handle); });
-}
-
-namespace {
-/// `k` is the float tensor: the input of nf4_kcache_quantize ("k"), the output of
-/// nf4_kcache_dequantize ("out"); k_arg is the name errors give it.
-KCachePlan kcache_plan(Checker& c, const TensorView& k, const char* k_arg, const TensorView& codes,
-                       const TensorView& scale, const TensorView& residual, bool residual_required, NibbleOrder order) {
-  c.require(k, Req(k_arg).dtypes({DType::kFloat32, DType::kFloat16, DType::kBFloat16}).rank(4, "[B, T, H, D]"));
-  const int64_t B = k.shape[0], T = k.shape[1], H = k.shape[2], D = k.shape[3];
-  if (D % 2 != 0) c.fail(k_arg, "head dim D = " + std::to_string(D) + " must be even (two NF4 codes per byte)");
-  c.require(codes, Req("codes").dtypes({DType::kUInt8}).shape({B, T, H, D / 2}));
-  c.require(scale, Req("scale").dtypes({DType::kFloat32}).shape({B, H, D}));
-  KCachePlan p;
-  p.B = B; p.T = T; p.H = H; p.D = D;
-  p.k = k.data;
-  p.k_dtype = k.dtype;
-  p.codes = codes.ptr<uint8_t>();
-  p.scale = scale.ptr<float>();
-  for (int i = 0; i < 4; ++i) {
-    p.k_s[i] = k.strides[i];
-    p.c_s[i] = codes.strides[i];
-  }
-  for (int i = 0; i < 3; ++i) p.s_s[i] = scale.strides[i];
-  if (residual.present() || residual_required) {
-    c.require(residual, Req("residual").dtypes({DType::kE5M2, DType::kE4M3}).shape({B, T, H, D}));
-    p.residual = residual.ptr<uint8_t>();
-    p.r_dtype = residual.dtype;
-    for (int i = 0; i < 4; ++i) p.r_s[i] = residual.strides[i];
-  }
-  p.order = order;
-  return p;
-}
-}  // namespace
-
-void nf4_kcache_quantize(const TensorView& k, const TensorView& codes, const TensorView& scale, const TensorView& residual,
-                         NibbleOrder order, Stream stream) {
-  Checker c{"nf4_kcache_quantize"};
-  KCachePlan p = kcache_plan(c, k, "k", codes, scale, residual, true, order);
-  c.no_overlap({{"codes", &codes}, {"scale", &scale}, {"residual", &residual}}, {{"k", &k}});
-  dispatch(c, p, &ref::kcache_quantize, [&] { return cuda::kcache_quantize(p, stream.handle); });
-}
-
-void nf4_kcache_dequantize(const TensorView& codes, const TensorView& scale, const TensorView& residual,
-                           const TensorView& out, NibbleOrder order, Stream stream) {
-  Checker c{"nf4_kcache_dequantize"};
-  KCachePlan p = kcache_plan(c, out, "out", codes, scale, residual, false, order);
-  c.no_overlap({{"out", &out}}, {{"codes", &codes}, {"scale", &scale}, {"residual", &residual}});
-  dispatch(c, p, &ref::kcache_dequantize, [&] { return cuda::kcache_dequantize(p, stream.handle); });
-}
-
-BuildInfo build_info() {
-  BuildInfo b;
-  b.version = LOWBIT_VERSION_STRING;
-#if LOWBIT_WITH_CUDA
-  b.cuda_built = true;
-  b.cuda_runtime_version = cuda::runtime_version();
-  b.device_count = cuda::device_count();
-  if (b.device_count > 0) {
-    b.device_name = cuda::device_name(0);
-    b.sm = cuda::device_sm(0);
-    if (b.sm >= 90)
-      b.cuda_ops = {"quantize", "dequantize", "transcode", "cast", "convert_scale_layout", "tensor_amax",
-                    "nf4_kcache_quantize", "nf4_kcache_dequantize"};
-#if LOWBIT_WITH_CUTLASS
-    if (b.sm >= 90)
-      for (const char* op : {"nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "group_gemm_mxfp4_nt_groupwise",
-                             "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp"})
-        b.cuda_ops.emplace_back(op);
-#endif
-  }
-#endif
-  return b;
 }
 
 }  // namespace lowbit

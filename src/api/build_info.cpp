@@ -1,0 +1,31 @@
+// src/api/build_info.cpp: what this build of lowbit holds (lowbit/ops.hpp build_info).
+#include "cuda/common/launch.hpp"  // declarations only: called only in CUDA builds
+#include "lowbit/ops.hpp"
+
+namespace lowbit {
+
+BuildInfo build_info() {
+  BuildInfo b;
+  b.version = LOWBIT_VERSION_STRING;
+#if LOWBIT_WITH_CUDA
+  b.cuda_built = true;
+  b.cuda_runtime_version = cuda::runtime_version();
+  b.device_count = cuda::device_count();
+  if (b.device_count > 0) {
+    b.device_name = cuda::device_name(0);
+    b.sm = cuda::device_sm(0);
+    if (b.sm >= 90)
+      b.cuda_ops = {"quantize", "dequantize", "transcode", "cast", "convert_scale_layout", "tensor_amax",
+                    "nf4_kcache_quantize", "nf4_kcache_dequantize"};
+#if LOWBIT_WITH_CUTLASS
+    if (b.sm >= 90)
+      for (const char* op : {"nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "group_gemm_mxfp4_nt_groupwise",
+                             "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp"})
+        b.cuda_ops.emplace_back(op);
+#endif
+  }
+#endif
+  return b;
+}
+
+}  // namespace lowbit
