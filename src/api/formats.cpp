@@ -17,13 +17,20 @@ using namespace detail;
 
 namespace {
 
-/// UINT4 zero points: the layout and element count of the scales, stored in index order.
-void zeros_storage(Checker& c, const TensorView& zeros, const TensorView& scales, const ScaleLayout& layout,
-                   const ScalePlan& sp) {
+/// UINT4 zero points (formats with a zero point only: otherwise absent): uint8, the layout and
+/// element count of the scales, stored in index order.
+uint8_t* zero_points(Checker& c, const BlockFormat& f, const TensorView& zeros, const TensorView& scales,
+                     const ScaleLayout& layout, const ScalePlan& sp) {
+  if (!f.has_zero_point()) {
+    if (zeros.present()) c.fail("zeros", "only the UINT4 zero-point format has zero points");
+    return nullptr;
+  }
+  c.require(zeros, Req("zeros").dtypes({DType::kUInt8}));
   int64_t Cp = 0;
   checked_scale_cols_padded(layout, sp.cols, &Cp);  // already checked by plan_scales
   c.storage(zeros, "zeros", scales.numel(), &layout, sp.rows_pad, Cp);
   if (sp.groups > 0 && !zeros.is_contiguous()) c.fail("zeros", "must be a contiguous (row-major) buffer, got " + zeros.describe());
+  return zeros.ptr<uint8_t>();
 }
 
 }  // namespace
@@ -94,13 +101,7 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
   check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
   plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
 
-  if (f.has_zero_point()) {
-    c.require(args.zeros, Req("zeros").dtypes({DType::kUInt8}));
-    zeros_storage(c, args.zeros, scales, layout, p.sp);
-    p.zeros = args.zeros.ptr<uint8_t>();
-  } else if (args.zeros.present()) {
-    c.fail("zeros", "only the UINT4 zero-point format has zero points");
-  }
+  p.zeros = zero_points(c, f, args.zeros, scales, layout, p.sp);
   if (args.global_amax.present()) {
     if (!f.has_global_scale()) c.fail("global_amax", "only NVFP4 has a per-tensor scale");
     c.require(args.global_amax, Req("global_amax").dtypes({DType::kFloat32}).one_element("one element"));
@@ -155,13 +156,7 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
   float gamax_copy = 0.0f;           // host global_amax (when read, not computed): likewise
   check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
   plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
-  if (f.has_zero_point()) {
-    c.require(args.zeros, Req("zeros").dtypes({DType::kUInt8}));
-    zeros_storage(c, args.zeros, scales, layout, p.sp);
-    p.zeros = args.zeros.ptr<uint8_t>();
-  } else if (args.zeros.present()) {
-    c.fail("zeros", "only the UINT4 zero-point format has zero points");
-  }
+  p.zeros = zero_points(c, f, args.zeros, scales, layout, p.sp);
   if (args.global_amax.present()) {
     if (!f.has_global_scale()) c.fail("global_amax", "only NVFP4 has a per-tensor scale");
     c.require(args.global_amax, Req("global_amax").dtypes({DType::kFloat32}).one_element("one element"));

@@ -22,8 +22,7 @@ void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, co
   c.last_contiguous(b, "b");
   const int64_t G = b.shape[0], N = b.shape[1], K = 2 * b.shape[2];
   c.require(b_scale, Req("b_scale").dtypes({DType::kUE8M0, DType::kUInt8}));
-  if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
-    c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
+  check_expert_scale_layout(c, lb, "b_scale_layout");
   Mxfp4PackPlan p;
   plan_scales(c, b_scale, "b_scale", lb, G, N, K / 32, &p.spb, Checker::Batch::kFirst);
   ScalePlan out_plan;
@@ -99,8 +98,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   } else {
     c.require(x.b_scale, Req("b_scale").dtypes({DType::kUE8M0, DType::kUInt8}));
     const ScaleLayout& lb = x.b_scale_layout;
-    if (lb.group_pad != GroupPad::kNone || (lb.kind != ScaleLayoutKind::kRowMajor && lb.kind != ScaleLayoutKind::kBlocked128x4))
-      c.fail("b_scale_layout", "expected row_major or blocked128x4 (per expert)");
+    check_expert_scale_layout(c, lb, "b_scale_layout");
     plan_scales(c, x.b_scale, "b_scale", lb, G, N, K / 32, &p.spb, Checker::Batch::kFirst);
   }
   p.b_scale = x.b_scale.ptr<uint8_t>();

@@ -22,6 +22,12 @@ inline void check_packed_weights(Checker& c, const TensorView& b, const char* b_
   plan_scales(c, s, s_arg, ScaleLayout::row_major(), G, Np, Kp / 32, sp, Checker::Batch::kFirst);
 }
 
+/// The layout of per-expert weight scales: row-major or 128x4 blocked, not grouped.
+inline void check_expert_scale_layout(const Checker& c, const ScaleLayout& l, const char* arg) {
+  if (l.group_pad != GroupPad::kNone || (l.kind != ScaleLayoutKind::kRowMajor && l.kind != ScaleLayoutKind::kBlocked128x4))
+    c.fail(arg, "expected row_major or blocked128x4 (per expert)");
+}
+
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
 /// The CUDA kernels read weight rows with 16-byte copies.
 inline void require_aligned16(const Checker& c, const TensorView& t, const char* arg, std::initializer_list<int64_t> byte_strides) {
