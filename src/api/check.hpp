@@ -23,13 +23,14 @@ inline std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-/// The dtypes an argument accepts, in the order an error message lists them.
+/// The dtypes an argument accepts (at most 8), in the order an error message lists them.
 struct DTypes {
   DType v[8] = {};
   size_t n = 0;
   DTypes() = default;
   DTypes(std::initializer_list<DType> l) {
-    for (DType d : l) v[n++] = d;
+    for (DType d : l)
+      if (n < 8) v[n++] = d;
   }
   const DType* begin() const { return v; }
   const DType* end() const { return v + n; }
