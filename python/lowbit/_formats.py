@@ -119,6 +119,20 @@ def layout_kind(layout: str, op: str = "lowbit", arg: str = "layout"):
         return _choice(layout, LAYOUTS, arg, op)
 
 
+_C_LAYOUTS: dict = {}
+
+
+def c_layout(kind, row_align: int, pad):
+    """The _C.ScaleLayout of (kind, row_align, group pad) (shared: the values are immutable)."""
+    key = (kind, row_align, pad)
+    lay = _C_LAYOUTS.get(key)
+    if lay is None:
+        lay = _C.ScaleLayout(kind, row_align, pad)
+        if len(_C_LAYOUTS) < 1024:
+            _C_LAYOUTS[key] = lay
+    return lay
+
+
 def group_pad_kind(group_pad: Optional[str], grouped: bool, op: str = "lowbit"):
     """The _C.GroupPad of `group_pad` when the layout is grouped, else none. The name is checked
     either way (a bad value is refused even where it would not be used)."""
@@ -149,7 +163,7 @@ class Format:
     """
 
     __slots__ = ("name", "elem", "block", "scale_type", "rule", "nibbles", "zero_scale_kind", "eps",
-                 "_c_args", "_hash", "packed", "code_dtype", "scale_dtype", "has_zero_point")
+                 "_c_args", "c_format", "_hash", "packed", "code_dtype", "scale_dtype", "has_zero_point")
 
     def __init__(self, name: str, *, block: Optional[int] = None, rounding: Optional[str] = None,
                  scale_dtype: Optional[str] = None, nibble_order: str = "low", zero_scale: Optional[str] = None,
@@ -191,7 +205,8 @@ class Format:
             _fail("eps", f"expected a number, got {eps!r}")
         if not (math.isfinite(eps) and eps > 0):  # also checked by lowbit::validate_format
             _fail("eps", f"must be finite and > 0, got {eps!r}")
-        _C.validate_format(elem, block, st, rule, nib, zs, eps)
+        c_format = _C.BlockFormat(elem, block, st, rule, nib, zs, eps)
+        _C.validate_format(c_format)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "elem", elem)
         object.__setattr__(self, "block", int(block))
@@ -203,6 +218,7 @@ class Format:
         # derived fields, computed once (the ops read them on every call)
         c_args = (elem, int(block), st, rule, nib, zs, eps)
         object.__setattr__(self, "_c_args", c_args)
+        object.__setattr__(self, "c_format", c_format)  # the _C.BlockFormat the ops take
         object.__setattr__(self, "_hash", hash((name,) + c_args))
         object.__setattr__(self, "packed", is_packed(elem))
         object.__setattr__(self, "code_dtype", _CODE_DTYPES.get(elem, "uint8"))
@@ -274,7 +290,8 @@ class Format:
         return Format(self.name, **kw)
 
     def c_args(self) -> tuple:
-        """The lowbit::BlockFormat fields in the order _C takes them."""
+        """The lowbit::BlockFormat fields in the order of _C.BlockFormat (and of the _C functions
+        that take them one by one)."""
         return self._c_args
 
     def _key(self):
@@ -298,7 +315,7 @@ class Format:
         return f"Format({self.name!r}, {kw})"
 
     def __str__(self):
-        return _C.format_name(*self.c_args())
+        return _C.format_name(self.c_format)
 
 
 _FORMAT_CACHE: dict = {}

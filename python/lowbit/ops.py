@@ -17,7 +17,7 @@ import numpy as np
 from . import _C
 from ._arrays import (INT32_MAX, INT32_MIN, Backend, as_array, array_dtype_name, c_export, c_view, check_float,
                       check_int, check_writable, contiguous, dtype_name, is_contiguous, is_torch, same_backend)
-from ._formats import GROUP_PADS, LAYOUTS, Format, Quantized, check_shape, group_pad_kind, layout_kind
+from ._formats import GROUP_PADS, LAYOUTS, Format, Quantized, c_layout, check_shape, group_pad_kind, layout_kind
 
 _PAD_NONE = _C.GroupPad.none
 
@@ -63,7 +63,7 @@ def _check_block(f: Format, K: int, op: str, arg: str):
 def _scale_storage_shape_cached(f: Format, layout: str, row_align, group_pad, L: int, M: int, K: int, groups: int,
                                 batched: bool):
     pad = _PAD_NONE if group_pad is None else GROUP_PADS[group_pad]
-    s = _C.scale_shape(*f.c_args(), LAYOUTS[layout], int(row_align), pad, L, M, K, groups)
+    s = _C.scale_shape(f.c_format, c_layout(LAYOUTS[layout], int(row_align), pad), L, M, K, groups)
     return tuple(s) if batched else tuple(s[1:])
 
 
@@ -127,7 +127,7 @@ def scale_shape(fmt, layout: str = "row_major", L: int = 1, M: int = 1, K: int =
     kind = layout_kind(layout, op)
     L, M, K, groups = (check_int(v, op, a, 0) for v, a in ((L, "L"), (M, "M"), (K, "K"), (groups, "groups")))
     pad = group_pad_kind(group_pad, groups > 0, op)
-    return tuple(_C.scale_shape(*f.c_args(), kind, _row_align(row_align, op), pad, L, M, K, groups))
+    return tuple(_C.scale_shape(f.c_format, c_layout(kind, _row_align(row_align, op), pad), L, M, K, groups))
 
 
 def quantize(x, fmt="mxfp8_e4m3", layout: str = "row_major", *, row_align: int = 1, m_indptr=None,
@@ -212,7 +212,7 @@ def _quantize(x, f: Format, layout: str, row_align=1, m_indptr=None, group_pad="
     qv, qdt = c_view(q, op, "q")
     sv, sdt = c_view(scales, op, "scales")
     with be.guard():
-        _C.quantize(xv, xdt, qv, qdt, sv, sdt, *f.c_args(), kind, row_align, pad,
+        _C.quantize(xv, xdt, qv, qdt, sv, sdt, f.c_format, c_layout(kind, row_align, pad),
                     None if zeros is None else c_view(zeros, op, "zeros")[0],
                     None if gam is None else c_view(gam, op, "global_amax")[0],
                     bool(compute_global_amax),
@@ -271,7 +271,7 @@ def dequantize(qt: Quantized, out_dtype="float32") -> object:
     sv, sdt = c_view(scales, op, "scales")
     ov, odt = c_view(out, op, "out")
     with be.guard():
-        _C.dequantize(qv, qdt, sv, sdt, ov, odt, *f.c_args(), kind, row_align, pad,
+        _C.dequantize(qv, qdt, sv, sdt, ov, odt, f.c_format, c_layout(kind, row_align, pad),
                       None if zeros is None else c_view(zeros, op, "zeros")[0],
                       None if gam is None else c_view(be.adopt(gam, op, "global_amax", "float32"), op, "global_amax")[0],
                       None if ind is None else c_view(ind, op, "m_indptr")[0],
@@ -305,7 +305,7 @@ def transcode(qt: Quantized, out_dtype="float8_e4m3fn"):
                                      src_row_align=qt.row_align,
                                      group_pad="flashinfer" if qt.group_pad is None else qt.group_pad)
     with be.guard():
-        _C.transcode(*c_view(qt.data, op, "q"), *c_view(out, op, "out"), *f.c_args(),
+        _C.transcode(*c_view(qt.data, op, "q"), *c_view(out, op, "out"), f.c_format,
                      zeros=None if zeros is None else c_view(zeros, op, "zeros")[0], stream=be.stream())
     return out
 
@@ -335,7 +335,8 @@ _PLAIN_FMT = Format("fp8_e4m3", block=1)  # block 1: scale_shape of an R x C mat
 @functools.lru_cache(maxsize=1024)
 def _layout_storage_cached(kind_name, row_align, pad_name, L, R, C, groups):
     pad = _PAD_NONE if pad_name is None else GROUP_PADS[pad_name]
-    return tuple(_C.scale_shape(*_PLAIN_FMT.c_args(), LAYOUTS[kind_name], int(row_align), pad, L, R, C, groups))
+    layout = c_layout(LAYOUTS[kind_name], int(row_align), pad)
+    return tuple(_C.scale_shape(_PLAIN_FMT.c_format, layout, L, R, C, groups))
 
 
 def _layout_storage(layout: str, row_align, group_pad, L, R, C, groups):
