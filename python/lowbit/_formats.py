@@ -122,12 +122,14 @@ def layout_kind(layout: str, op: str = "lowbit", arg: str = "layout"):
 _C_LAYOUTS: dict = {}
 
 
-def c_layout(kind, row_align: int, pad):
-    """The _C.ScaleLayout of (kind, row_align, group pad) (shared: the values are immutable)."""
-    key = (kind, row_align, pad)
+def c_layout(layout: str, row_align: int, group_pad: Optional[str]):
+    """The _C.ScaleLayout of a (checked) layout name, row_align and GROUP_PADS name (None: not
+    grouped); shared, the values are immutable. Keyed by the names: str hashes are cheaper than
+    those of the enum members."""
+    key = (layout, row_align, group_pad)
     lay = _C_LAYOUTS.get(key)
     if lay is None:
-        lay = _C.ScaleLayout(kind, row_align, pad)
+        lay = _C.ScaleLayout(LAYOUTS[layout], row_align, _PAD_NONE if group_pad is None else GROUP_PADS[group_pad])
         if len(_C_LAYOUTS) < 1024:
             _C_LAYOUTS[key] = lay
     return lay

@@ -9,9 +9,7 @@ import numpy as np
 
 from . import _C
 from ._arrays import INT32_MAX, INT32_MIN, Backend, check_int, contiguous, is_contiguous, is_torch
-from ._formats import GROUP_PADS, LAYOUTS, Format, c_layout
-
-_PAD_NONE = _C.GroupPad.none
+from ._formats import Format, c_layout
 
 
 def _check_mat(x, op: str, arg: str) -> Tuple[int, int, int]:
@@ -35,8 +33,7 @@ def _check_block(f: Format, K: int, op: str, arg: str):
 @functools.lru_cache(maxsize=4096)
 def _scale_storage_shape_cached(f: Format, layout: str, row_align, group_pad, L: int, M: int, K: int, groups: int,
                                 batched: bool):
-    pad = _PAD_NONE if group_pad is None else GROUP_PADS[group_pad]
-    s = _C.scale_shape(f.c_format, c_layout(LAYOUTS[layout], int(row_align), pad), L, M, K, groups)
+    s = _C.scale_shape(f.c_format, c_layout(layout, int(row_align), group_pad), L, M, K, groups)
     return tuple(s) if batched else tuple(s[1:])
 
 

@@ -16,10 +16,12 @@ import numpy as np
 from . import _C
 from ._arrays import (Backend, as_array, array_dtype_name, c_view, check_float, check_int, check_writable, dtype_name,
                       is_contiguous, is_torch, same_backend)
-from ._formats import _NIBBLES, Format, Quantized, _choice, c_layout, check_shape, group_pad_kind, layout_kind
-from ._op_args import _PAD_NONE, _check_block, _check_mat, _index_order, _indptr, _row_align, _scale_storage_shape
+from ._formats import (_NIBBLES, _PAD_NONE, Format, Quantized, _choice, c_layout, check_shape, group_pad_kind,
+                       layout_kind)
+from ._op_args import _check_block, _check_mat, _index_order, _indptr, _row_align, _scale_storage_shape
 # the scale-layout conversions live in scale_layouts.py; lowbit.ops keeps their names
-from .scale_layouts import _PLAIN_FMT, block_scale_deinterleave, block_scale_interleave, convert_scale_layout  # noqa: F401
+from .scale_layouts import (_PLAIN_FMT, block_scale_deinterleave, block_scale_interleave,  # noqa: F401
+                            convert_scale_layout)
 
 __all__ = [
     "build_info", "scale_shape", "quantize", "dequantize", "transcode", "cast", "convert_scale_layout",
@@ -49,10 +51,11 @@ def scale_shape(fmt, layout: str = "row_major", L: int = 1, M: int = 1, K: int =
     blocked128x4 layout: ``(1, rows to allocate, cols)``."""
     op = "scale_shape"
     f = Format.of(fmt, **fmt_kwargs)
-    kind = layout_kind(layout, op)
+    layout_kind(layout, op)  # checks the name
     L, M, K, groups = (check_int(v, op, a, 0) for v, a in ((L, "L"), (M, "M"), (K, "K"), (groups, "groups")))
-    pad = group_pad_kind(group_pad, groups > 0, op)
-    return tuple(_C.scale_shape(f.c_format, c_layout(kind, _row_align(row_align, op), pad), L, M, K, groups))
+    group_pad_kind(group_pad, groups > 0, op)  # checks the name, also where it is not used
+    lay = c_layout(layout, _row_align(row_align, op), group_pad if groups > 0 else None)
+    return tuple(_C.scale_shape(f.c_format, lay, L, M, K, groups))
 
 
 def quantize(x, fmt="mxfp8_e4m3", layout: str = "row_major", *, row_align: int = 1, m_indptr=None,
@@ -137,7 +140,7 @@ def _quantize(x, f: Format, layout: str, row_align=1, m_indptr=None, group_pad="
     qv, qdt = c_view(q, op, "q")
     sv, sdt = c_view(scales, op, "scales")
     with be.guard():
-        _C.quantize(xv, xdt, qv, qdt, sv, sdt, f.c_format, c_layout(kind, row_align, pad),
+        _C.quantize(xv, xdt, qv, qdt, sv, sdt, f.c_format, c_layout(layout, row_align, gpad),
                     None if zeros is None else c_view(zeros, op, "zeros")[0],
                     None if gam is None else c_view(gam, op, "global_amax")[0],
                     bool(compute_global_amax),
@@ -196,7 +199,8 @@ def dequantize(qt: Quantized, out_dtype="float32") -> object:
     sv, sdt = c_view(scales, op, "scales")
     ov, odt = c_view(out, op, "out")
     with be.guard():
-        _C.dequantize(qv, qdt, sv, sdt, ov, odt, f.c_format, c_layout(kind, row_align, pad),
+        _C.dequantize(qv, qdt, sv, sdt, ov, odt, f.c_format,
+                      c_layout(qt.layout, row_align, qt.group_pad if ind is not None else None),
                       None if zeros is None else c_view(zeros, op, "zeros")[0],
                       None if gam is None else c_view(be.adopt(gam, op, "global_amax", "float32"), op, "global_amax")[0],
                       None if ind is None else c_view(ind, op, "m_indptr")[0],

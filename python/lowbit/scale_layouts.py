@@ -7,8 +7,8 @@ import functools
 
 from . import _C
 from ._arrays import Backend, array_dtype_name, as_array, c_view, check_int, same_backend
-from ._formats import GROUP_PADS, LAYOUTS, Format, c_layout, group_pad_kind, layout_kind
-from ._op_args import _PAD_NONE, _index_order, _indptr, _renamed, _row_align
+from ._formats import _PAD_NONE, Format, c_layout, group_pad_kind, layout_kind
+from ._op_args import _index_order, _indptr, _renamed, _row_align
 
 __all__ = ["convert_scale_layout", "block_scale_interleave", "block_scale_deinterleave"]
 
@@ -18,9 +18,7 @@ _PLAIN_FMT = Format("fp8_e4m3", block=1)  # block 1: scale_shape of an R x C mat
 
 @functools.lru_cache(maxsize=1024)
 def _layout_storage_cached(kind_name, row_align, pad_name, L, R, C, groups):
-    pad = _PAD_NONE if pad_name is None else GROUP_PADS[pad_name]
-    layout = c_layout(LAYOUTS[kind_name], int(row_align), pad)
-    return tuple(_C.scale_shape(_PLAIN_FMT.c_format, layout, L, R, C, groups))
+    return tuple(_C.scale_shape(_PLAIN_FMT.c_format, c_layout(kind_name, int(row_align), pad_name), L, R, C, groups))
 
 
 def _layout_storage(layout: str, row_align, group_pad, L, R, C, groups):
