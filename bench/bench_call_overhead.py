@@ -158,8 +158,8 @@ def _make_cases(lowbit, backend, M, K, torch):
     refs = {}
     # the binding alone: _C.quantize (MXFP8 E4M3, row-major) on prepared outputs, no Python layer
     C = lowbit._C
-    fa = lowbit.Format("mxfp8_e4m3").c_args()
-    tail = (C.ScaleLayoutKind.row_major, 1, C.GroupPad.none)
+    fa = (lowbit.Format("mxfp8_e4m3").c_format,)
+    tail = (C.ScaleLayout(C.ScaleLayoutKind.row_major, 1, C.GroupPad.none),)
     D = C.DType
     if backend == "numpy":
         xv = x.view(np.uint16)

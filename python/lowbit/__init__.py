@@ -24,11 +24,8 @@ from .gemm import (
     nvfp4_dual_gemm_silu,
 )
 from .ops import (
-    block_scale_deinterleave,
-    block_scale_interleave,
     build_info,
     cast,
-    convert_scale_layout,
     dequantize,
     mxfp4_quantize,
     mxfp8_quantize,
@@ -41,6 +38,7 @@ from .ops import (
     tensor_amax,
     transcode,
 )
+from .scale_layouts import block_scale_deinterleave, block_scale_interleave, convert_scale_layout
 
 __version__ = _C.__version__
 

@@ -49,6 +49,19 @@ _NP_STORAGE = {k: v[1] for k, v in _BY_NAME.items()}   # name -> NumPy dtype of 
 _NP_EXPORT = {v[1]: (v[0], None if v[2] is None else np.dtype(v[2]))
               for k, v in _BY_NAME.items() if k != "float4_e2m1fn_x2"}
 
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """NumPy storage dtype of a lowbit dtype name (packed fp4: uint8)."""
+    return _NP_STORAGE[name]
+
+
+def ml_dtypes_storage():
+    """(lowbit name, NumPy dtype) of the dtypes NumPy stores as ml_dtypes types (bfloat16, the fp8
+    types): the ones handed to _C, or to torch.from_numpy, as a same-itemsize integer view."""
+    return [(k, v[1]) for k, v in _BY_NAME.items() if v[2] is not None]
+
+
 DTYPE_ALIASES = {
     "fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
     "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "float8_e4m3": "float8_e4m3fn",
@@ -443,9 +456,6 @@ class Backend:
             if _cur_device is None or _cur_device() != self.like.get_device():
                 return _T.cuda.device(self.like.device)
         return _NULL_GUARD
-
-    def transpose_last(self, a):
-        return a.transpose(-1, -2) if self.torch else np.swapaxes(a, -1, -2)
 
 
 def same_backend(ref, a, op: str, arg: str):

@@ -29,7 +29,6 @@ bitsandbytes).
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
@@ -38,22 +37,40 @@ from . import _C
 
 E, ST, R = _C.Elem, _C.ScaleType, _C.ScaleRule
 
-# name -> (elem, default block, default scale type, default rule, fixed block?)
+_F32_OR_UE8M0 = (ST.f32, ST.ue8m0)
+
+# The one table of block formats.
+# name -> (elem, default block, default scale type, default rule, fixed block?, scale types it stores)
 _FORMATS = {
-    "mxfp8_e4m3": (E.e4m3, 32, ST.ue8m0, R.mx_rceil, True),
-    "mxfp8_e5m2": (E.e5m2, 32, ST.ue8m0, R.mx_rceil, True),
-    "mxfp4": (E.e2m1, 32, ST.ue8m0, R.mx_rceil, True),
-    "nvfp4": (E.e2m1, 16, ST.e4m3, R.nvfp4, True),
-    "fp8_e4m3": (E.e4m3, 128, ST.f32, R.amax, False),
-    "fp8_e5m2": (E.e5m2, 128, ST.f32, R.amax, False),
-    "int4": (E.int4, 128, ST.f32, R.amax, False),
-    "uint4": (E.uint4, 128, ST.f32, R.minmax, False),
-    "nf4": (E.nf4, 64, ST.f32, R.absmax, False),
+    "mxfp8_e4m3": (E.e4m3, 32, ST.ue8m0, R.mx_rceil, True, (ST.ue8m0,)),
+    "mxfp8_e5m2": (E.e5m2, 32, ST.ue8m0, R.mx_rceil, True, (ST.ue8m0,)),
+    "mxfp4": (E.e2m1, 32, ST.ue8m0, R.mx_rceil, True, (ST.ue8m0,)),
+    "nvfp4": (E.e2m1, 16, ST.e4m3, R.nvfp4, True, (ST.e4m3,)),
+    "fp8_e4m3": (E.e4m3, 128, ST.f32, R.amax, False, _F32_OR_UE8M0),
+    "fp8_e5m2": (E.e5m2, 128, ST.f32, R.amax, False, _F32_OR_UE8M0),
+    "int4": (E.int4, 128, ST.f32, R.amax, False, _F32_OR_UE8M0),
+    "uint4": (E.uint4, 128, ST.f32, R.minmax, False, (ST.f32,)),
+    "nf4": (E.nf4, 64, ST.f32, R.absmax, False, (ST.f32,)),
 }
 FORMAT_NAMES = tuple(_FORMATS)
 _ALIASES = {"mxfp8": "mxfp8_e4m3", "fp8": "fp8_e4m3", "fp8_group": "fp8_e4m3", "int4_group": "int4"}
 
+# Command-line spellings (`lowbit quantize --format`) of the formats a checkpoint can be quantized
+# to: CLI name -> (Format name, description). The CLI derives everything else from _FORMATS.
+CLI_FORMATS = {
+    "nvfp4": ("nvfp4", "E2M1 codes, E4M3 scale per 16, per-tensor FP32 global amax"),
+    "mxfp4": ("mxfp4", "E2M1 codes, UE8M0 scale per 32 (OCP MX)"),
+    "mxfp8": ("mxfp8_e4m3", "E4M3 codes, UE8M0 scale per 32 (OCP MX)"),
+    "mxfp8-e5m2": ("mxfp8_e5m2", "E5M2 codes, UE8M0 scale per 32 (OCP MX)"),
+    "fp8-group": ("fp8_e4m3", "E4M3 codes, scale per group (default 128)"),
+    "int4": ("int4", "symmetric INT4, scale per group (default 128)"),
+    "uint4": ("uint4", "asymmetric UINT4, scale + zero point per group (default 128)"),
+    "nf4": ("nf4", "NF4 codebook, absmax per block (default 64)"),
+}
+
 _SCALE_DTYPE_NAMES = {ST.f32: "float32", ST.ue8m0: "float8_e8m0fnu", ST.e4m3: "float8_e4m3fn"}
+# the short scale dtype names the command line uses (all accepted by Format's scale_dtype)
+CLI_SCALE_DTYPE_NAMES = {ST.f32: "float32", ST.ue8m0: "ue8m0", ST.e4m3: "e4m3"}
 _SCALE_DTYPE_PARSE = {
     "float32": ST.f32, "fp32": ST.f32, "f32": ST.f32,
     "ue8m0": ST.ue8m0, "e8m0": ST.ue8m0, "float8_e8m0fnu": ST.ue8m0,
@@ -74,6 +91,16 @@ _CODE_DTYPES = {E.e4m3: "float8_e4m3fn", E.e5m2: "float8_e5m2"}
 _INT32_MAX = (1 << 31) - 1
 
 
+def is_packed(elem) -> bool:
+    """Whether codes of `elem` are 4-bit, stored two per byte (else one 8-bit code per byte)."""
+    return elem not in _CODE_DTYPES
+
+
+def is_mx(rule) -> bool:
+    """Whether `rule` is an MX scale rule (the formats that take `rounding`)."""
+    return rule in (R.mx_rceil, R.mx_floor)
+
+
 def _fail(arg: str, what: str, op: str = "Format"):
     raise ValueError(f"{op}: argument '{arg}': {what}")
 
@@ -90,6 +117,22 @@ def layout_kind(layout: str, op: str = "lowbit", arg: str = "layout"):
         return LAYOUTS[layout]
     except (KeyError, TypeError):
         return _choice(layout, LAYOUTS, arg, op)
+
+
+_C_LAYOUTS: dict = {}
+
+
+def c_layout(layout: str, row_align: int, group_pad: Optional[str]):
+    """The _C.ScaleLayout of a (checked) layout name, row_align and GROUP_PADS name (None: not
+    grouped); shared, the values are immutable. Keyed by the names: str hashes are cheaper than
+    those of the enum members."""
+    key = (layout, row_align, group_pad)
+    lay = _C_LAYOUTS.get(key)
+    if lay is None:
+        lay = _C.ScaleLayout(LAYOUTS[layout], row_align, _PAD_NONE if group_pad is None else GROUP_PADS[group_pad])
+        if len(_C_LAYOUTS) < 1024:
+            _C_LAYOUTS[key] = lay
+    return lay
 
 
 def group_pad_kind(group_pad: Optional[str], grouped: bool, op: str = "lowbit"):
@@ -122,7 +165,7 @@ class Format:
     """
 
     __slots__ = ("name", "elem", "block", "scale_type", "rule", "nibbles", "zero_scale_kind", "eps",
-                 "_c_args", "_hash", "packed", "code_dtype", "scale_dtype", "has_zero_point")
+                 "_c_args", "c_format", "_hash", "packed", "code_dtype", "scale_dtype", "has_zero_point")
 
     def __init__(self, name: str, *, block: Optional[int] = None, rounding: Optional[str] = None,
                  scale_dtype: Optional[str] = None, nibble_order: str = "low", zero_scale: Optional[str] = None,
@@ -134,14 +177,14 @@ class Format:
         name = _ALIASES.get(name, name)
         if name not in _FORMATS:
             _fail("name", f"unknown format {name!r}; expected one of {', '.join(FORMAT_NAMES)}")
-        elem, dblock, dst, rule, fixed = _FORMATS[name]
+        elem, dblock, dst, rule, fixed, allowed = _FORMATS[name]
         if block is None:
             block = dblock
         if not isinstance(block, int) or isinstance(block, bool) or block <= 0 or block > _INT32_MAX:
             _fail("block", f"expected a positive integer, got {block!r}")
         if fixed and block != dblock:
             _fail("block", f"{name} has a fixed block size of {dblock}, got {block}")
-        if rule in (R.mx_rceil, R.mx_floor):
+        if is_mx(rule):
             rule = _choice("rceil" if rounding is None else rounding, {"rceil": R.mx_rceil, "floor": R.mx_floor},
                            "rounding", "Format")
         elif rounding is not None:
@@ -149,7 +192,6 @@ class Format:
         st = dst
         if scale_dtype is not None:
             st = _choice(scale_dtype, _SCALE_DTYPE_PARSE, "scale_dtype", "Format")
-            allowed = (ST.f32, ST.ue8m0) if name in ("fp8_e4m3", "fp8_e5m2", "int4") else (dst,)
             if st not in allowed:
                 _fail("scale_dtype", f"{name} stores {' or '.join(_SCALE_DTYPE_NAMES[a] for a in allowed)} scales, "
                                      f"got {scale_dtype!r}")
@@ -165,7 +207,8 @@ class Format:
             _fail("eps", f"expected a number, got {eps!r}")
         if not (math.isfinite(eps) and eps > 0):  # also checked by lowbit::validate_format
             _fail("eps", f"must be finite and > 0, got {eps!r}")
-        _C.validate_format(elem, block, st, rule, nib, zs, eps)
+        c_format = _C.BlockFormat(elem, block, st, rule, nib, zs, eps)
+        _C.validate_format(c_format)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "elem", elem)
         object.__setattr__(self, "block", int(block))
@@ -177,8 +220,9 @@ class Format:
         # derived fields, computed once (the ops read them on every call)
         c_args = (elem, int(block), st, rule, nib, zs, eps)
         object.__setattr__(self, "_c_args", c_args)
+        object.__setattr__(self, "c_format", c_format)  # the _C.BlockFormat the ops take
         object.__setattr__(self, "_hash", hash((name,) + c_args))
-        object.__setattr__(self, "packed", elem not in (E.e4m3, E.e5m2))
+        object.__setattr__(self, "packed", is_packed(elem))
         object.__setattr__(self, "code_dtype", _CODE_DTYPES.get(elem, "uint8"))
         object.__setattr__(self, "scale_dtype", _SCALE_DTYPE_NAMES[st])
         object.__setattr__(self, "has_zero_point", rule == R.minmax)
@@ -248,7 +292,8 @@ class Format:
         return Format(self.name, **kw)
 
     def c_args(self) -> tuple:
-        """The lowbit::BlockFormat fields in the order _C takes them."""
+        """The lowbit::BlockFormat fields in the order of _C.BlockFormat (and of the _C functions
+        that take them one by one)."""
         return self._c_args
 
     def _key(self):
@@ -272,7 +317,7 @@ class Format:
         return f"Format({self.name!r}, {kw})"
 
     def __str__(self):
-        return _C.format_name(*self.c_args())
+        return _C.format_name(self.c_format)
 
 
 _FORMAT_CACHE: dict = {}

@@ -18,7 +18,7 @@ and records each one under the "lowbit" key of the safetensors __metadata__ (a J
 "nibble_order", "rounding", "scale_dtype", "zero_scale", "shape", "dtype", "qdata", "scale", "zero",
 "global_amax", "format_kwargs"}}}), enough
 for `lowbit dequantize` or any loader to reverse it. Every other tensor is copied unchanged and
-the table says why. See lowbit/checkpoint.py for the full description.
+the table says why. See lowbit/checkpoint/__init__.py for the full description.
 
 Errors print one line on stderr and exit with status 1 (2 for bad usage). Files (docs/cli.md):
 the input must be a regular file; every output (OUT and --report) is checked before any work

@@ -9,17 +9,19 @@ NotImplementedError.
 
 from __future__ import annotations
 
-import functools
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
 from . import _C
-from ._arrays import (INT32_MAX, INT32_MIN, Backend, as_array, array_dtype_name, c_export, c_view, check_float,
-                      check_int, check_writable, contiguous, dtype_name, is_contiguous, is_torch, same_backend)
-from ._formats import GROUP_PADS, LAYOUTS, Format, Quantized, check_shape, group_pad_kind, layout_kind
-
-_PAD_NONE = _C.GroupPad.none
+from ._arrays import (Backend, as_array, array_dtype_name, c_view, check_float, check_int, check_writable, dtype_name,
+                      is_contiguous, is_torch, same_backend)
+from ._formats import (_NIBBLES, _PAD_NONE, Format, Quantized, _choice, c_layout, check_shape, group_pad_kind,
+                       layout_kind)
+from ._op_args import _check_block, _check_mat, _index_order, _indptr, _row_align, _scale_storage_shape
+# the scale-layout conversions live in scale_layouts.py; lowbit.ops keeps their names
+from .scale_layouts import (_PLAIN_FMT, block_scale_deinterleave, block_scale_interleave,  # noqa: F401
+                            convert_scale_layout)
 
 __all__ = [
     "build_info", "scale_shape", "quantize", "dequantize", "transcode", "cast", "convert_scale_layout",
@@ -39,81 +41,6 @@ def build_info() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# helpers
-
-def _check_mat(x, op: str, arg: str) -> Tuple[int, int, int]:
-    """(L, M, K) of a 2-D [M, K] or 3-D [L, M, K] array; ValueError naming `arg` otherwise."""
-    shape = x.shape
-    nd = len(shape)
-    if nd == 2:
-        return 1, int(shape[0]), int(shape[1])
-    if nd == 3:
-        return int(shape[0]), int(shape[1]), int(shape[2])
-    raise ValueError(f"{op}: argument '{arg}': expected a 2-D [M, K] or 3-D [L, M, K] array, "
-                     f"got shape {tuple(shape)}")
-
-
-def _check_block(f: Format, K: int, op: str, arg: str):
-    if K % f.block:
-        raise ValueError(f"{op}: argument '{arg}': the last dimension K = {K} must be a multiple of the block "
-                         f"size {f.block} of {f} (lowbit neither pads nor truncates)")
-
-
-@functools.lru_cache(maxsize=4096)
-def _scale_storage_shape_cached(f: Format, layout: str, row_align, group_pad, L: int, M: int, K: int, groups: int,
-                                batched: bool):
-    pad = _PAD_NONE if group_pad is None else GROUP_PADS[group_pad]
-    s = _C.scale_shape(*f.c_args(), LAYOUTS[layout], int(row_align), pad, L, M, K, groups)
-    return tuple(s) if batched else tuple(s[1:])
-
-
-def _scale_storage_shape(f: Format, layout: str, row_align, group_pad, L: int, M: int, K: int, groups: int,
-                         batched: bool):
-    """Shape of the stored scales (lowbit::scale_shape, which validates the layout; the shapes
-    are cached: errors are not, and raise on every call). group_pad: None when not grouped."""
-    try:
-        return _scale_storage_shape_cached(f, layout, row_align, group_pad, L, M, K, groups, batched)
-    except TypeError:  # unhashable row_align: let int() / the binding report it
-        return _scale_storage_shape_cached.__wrapped__(f, layout, row_align, group_pad, L, M, K, groups, batched)
-
-
-def _row_align(row_align, op: str, arg: str = "row_align") -> int:
-    """An integer >= 1, for every layout (also those that ignore it: nothing is silently ignored)."""
-    v = check_int(row_align, op, arg, INT32_MIN, INT32_MAX)
-    if v < 1:
-        raise ValueError(f"{op}: argument '{arg}': {arg} must be an integer >= 1, got {v}")
-    return v
-
-
-def _index_order(a, shapes, op: str | None = None, arg: str | None = None):
-    """`a` with its element order equal to its index order when its shape is one of `shapes`
-    (the stored shapes whose indices are known: [L, rows, cols] / [rows, cols]): a row-major copy
-    of a Fortran-ordered or transposed array. Other shapes are passed as they are (the C++ API
-    accepts only the documented views and refuses the rest)."""
-    if a is None or not hasattr(a, "shape") or is_contiguous(a):
-        return a
-    return contiguous(a, op, arg) if tuple(int(d) for d in a.shape) in shapes else a
-
-
-def _indptr(be: Backend, m_indptr, op: str):
-    if m_indptr is None:
-        return None, 0
-    if is_torch(m_indptr) or hasattr(m_indptr, "dtype"):
-        arr = m_indptr
-        if not hasattr(arr, "ndim"):  # a NumPy scalar
-            arr = np.asarray(arr)
-    elif isinstance(m_indptr, (list, tuple)):
-        arr = be.index_values(m_indptr, op, "m_indptr", "int64")
-    else:
-        raise ValueError(f"{op}: argument 'm_indptr': expected an integer array or a list of integers, "
-                         f"got {type(m_indptr).__name__}")
-    if arr.ndim != 1 or arr.shape[0] < 2:
-        raise ValueError(f"{op}: argument 'm_indptr': expected a 1-D array of G+1 >= 2 boundaries, "
-                         f"got shape {tuple(arr.shape)}")
-    return arr, int(arr.shape[0]) - 1
-
-
-# ---------------------------------------------------------------------------------------------
 
 def scale_shape(fmt, layout: str = "row_major", L: int = 1, M: int = 1, K: int = 0, groups: int = 0, *,
                 row_align: int = 1, group_pad: str = "flashinfer", **fmt_kwargs) -> Tuple[int, int, int]:
@@ -124,10 +51,11 @@ def scale_shape(fmt, layout: str = "row_major", L: int = 1, M: int = 1, K: int =
     blocked128x4 layout: ``(1, rows to allocate, cols)``."""
     op = "scale_shape"
     f = Format.of(fmt, **fmt_kwargs)
-    kind = layout_kind(layout, op)
+    layout_kind(layout, op)  # checks the name
     L, M, K, groups = (check_int(v, op, a, 0) for v, a in ((L, "L"), (M, "M"), (K, "K"), (groups, "groups")))
-    pad = group_pad_kind(group_pad, groups > 0, op)
-    return tuple(_C.scale_shape(*f.c_args(), kind, _row_align(row_align, op), pad, L, M, K, groups))
+    group_pad_kind(group_pad, groups > 0, op)  # checks the name, also where it is not used
+    lay = c_layout(layout, _row_align(row_align, op), group_pad if groups > 0 else None)
+    return tuple(_C.scale_shape(f.c_format, lay, L, M, K, groups))
 
 
 def quantize(x, fmt="mxfp8_e4m3", layout: str = "row_major", *, row_align: int = 1, m_indptr=None,
@@ -212,7 +140,7 @@ def _quantize(x, f: Format, layout: str, row_align=1, m_indptr=None, group_pad="
     qv, qdt = c_view(q, op, "q")
     sv, sdt = c_view(scales, op, "scales")
     with be.guard():
-        _C.quantize(xv, xdt, qv, qdt, sv, sdt, *f.c_args(), kind, row_align, pad,
+        _C.quantize(xv, xdt, qv, qdt, sv, sdt, f.c_format, c_layout(layout, row_align, gpad),
                     None if zeros is None else c_view(zeros, op, "zeros")[0],
                     None if gam is None else c_view(gam, op, "global_amax")[0],
                     bool(compute_global_amax),
@@ -271,7 +199,8 @@ def dequantize(qt: Quantized, out_dtype="float32") -> object:
     sv, sdt = c_view(scales, op, "scales")
     ov, odt = c_view(out, op, "out")
     with be.guard():
-        _C.dequantize(qv, qdt, sv, sdt, ov, odt, *f.c_args(), kind, row_align, pad,
+        _C.dequantize(qv, qdt, sv, sdt, ov, odt, f.c_format,
+                      c_layout(qt.layout, row_align, qt.group_pad if ind is not None else None),
                       None if zeros is None else c_view(zeros, op, "zeros")[0],
                       None if gam is None else c_view(be.adopt(gam, op, "global_amax", "float32"), op, "global_amax")[0],
                       None if ind is None else c_view(ind, op, "m_indptr")[0],
@@ -305,7 +234,7 @@ def transcode(qt: Quantized, out_dtype="float8_e4m3fn"):
                                      src_row_align=qt.row_align,
                                      group_pad="flashinfer" if qt.group_pad is None else qt.group_pad)
     with be.guard():
-        _C.transcode(*c_view(qt.data, op, "q"), *c_view(out, op, "out"), *f.c_args(),
+        _C.transcode(*c_view(qt.data, op, "q"), *c_view(out, op, "out"), f.c_format,
                      zeros=None if zeros is None else c_view(zeros, op, "zeros")[0], stream=be.stream())
     return out
 
@@ -329,107 +258,6 @@ def cast(x, dtype="float8_e4m3fn", saturate: bool = True):
     return out
 
 
-_PLAIN_FMT = Format("fp8_e4m3", block=1)  # block 1: scale_shape of an R x C matrix is that of K = C
-
-
-@functools.lru_cache(maxsize=1024)
-def _layout_storage_cached(kind_name, row_align, pad_name, L, R, C, groups):
-    pad = _PAD_NONE if pad_name is None else GROUP_PADS[pad_name]
-    return tuple(_C.scale_shape(*_PLAIN_FMT.c_args(), LAYOUTS[kind_name], int(row_align), pad, L, R, C, groups))
-
-
-def _layout_storage(layout: str, row_align, group_pad, L, R, C, groups):
-    """Stored shape (L, rows, cols) of L R x C matrices in `layout` (validated by the caller);
-    group_pad: a GROUP_PADS name, or None when not grouped. Cached like _scale_storage_shape."""
-    try:
-        return _layout_storage_cached(layout, row_align, group_pad, L, R, C, groups)
-    except TypeError:  # unhashable row_align: let int() / the binding report it
-        return _layout_storage_cached.__wrapped__(layout, row_align, group_pad, L, R, C, groups)
-
-
-def convert_scale_layout(scales, rows: int, cols: int, src: str = "row_major", dst: str = "blocked128x4",
-                         m_indptr=None, *, src_row_align: int = 1, dst_row_align: int = 1,
-                         group_pad: str = "flashinfer"):
-    """Copies the stored R x C scale matrices (R = rows, C = cols = K/block; L of them, one after
-    the other) from layout ``src`` to ``dst``; padding of the output is zero. Offsets of (r, c):
-    row_major r*C + c; col_major c*Rp + r; blocked128x4
-    ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4 (Cp = round_up(C, 4));
-    blocked8x4 (r/8)*(Cp/4)*32 + (c/4)*32 + (r%8)*4 + c%4. With ``m_indptr`` the blocked128x4
-    side is grouped (each group starts on a 128-row tile, ``group_pad`` rule). 1- or 4-byte
-    elements; the output has the input's dtype and the stored shape of ``dst``."""
-    op = "convert_scale_layout"
-    scales = as_array(scales, op, "scales", float_default=False)
-    be = Backend(scales, op, "scales")
-    R, C = check_int(rows, op, "rows"), check_int(cols, op, "cols")
-    if R <= 0 or C <= 0:
-        raise ValueError(f"{op}: argument '{'rows' if R <= 0 else 'cols'}': rows and cols must be positive, "
-                         f"got {R} x {C}")
-    src_row_align = _row_align(src_row_align, op, "src_row_align")
-    dst_row_align = _row_align(dst_row_align, op, "dst_row_align")
-    ind, groups = _indptr(be, m_indptr, op)
-    same_backend(scales, ind, op, "m_indptr")
-    group_pad_kind(group_pad, False, op)  # checked even when not used
-    sk, dk = layout_kind(src, op, "src"), layout_kind(dst, op, "dst")
-    spad = dpad = _PAD_NONE
-    spn = dpn = None  # GROUP_PADS names of spad / dpad
-    if ind is not None:  # the blocked128x4 side is the grouped one
-        if dk == _C.ScaleLayoutKind.blocked128x4:
-            dpad, dpn = group_pad_kind(group_pad, True, op), group_pad
-        elif sk == _C.ScaleLayoutKind.blocked128x4:
-            spad, spn = group_pad_kind(group_pad, True, op), group_pad
-        else:
-            raise ValueError(f"{op}: argument 'm_indptr': grouped padding needs src or dst 'blocked128x4'")
-    name = array_dtype_name(scales, op, "scales")
-    numel = 1
-    for d in scales.shape:
-        numel *= int(d)
-    try:
-        per = _layout_storage(src, src_row_align, spn, 1, R, C, groups)
-        _layout_storage(dst, dst_row_align, dpn, 1, R, C, groups)
-    except ValueError as e:  # sizes that overflow: name this function's arguments
-        raise _renamed(e, "scale_shape", op, {"M": "rows", "K": "cols", "groups": "m_indptr"}) from None
-    if spn is None:
-        size = per[1] * per[2]
-        # the stored [rows, cols] matrices are read by index (a Fortran-ordered copy is reordered)
-        if numel % size == 0:
-            scales = _index_order(scales, ((numel // size,) + per[1:], per[1:]) if numel == size
-                                  else ((numel // size,) + per[1:],), op, "scales")
-        if numel % size:
-            raise ValueError(f"{op}: argument 'scales': {numel} elements are not a whole number of {R} x {C} "
-                             f"matrices in layout {src}")
-        L = numel // size
-    else:
-        L = 1
-        # grouped [rows, Cp] storage (any number of whole rows) is read by index too
-        if scales.ndim == 2 and int(scales.shape[1]) == per[2]:
-            scales = _index_order(scales, (tuple(int(d) for d in scales.shape),), op, "scales")
-    batched = scales.ndim == 3 or L > 1
-    try:
-        oshape = _layout_storage(dst, dst_row_align, dpn, L, R, C, groups)
-    except ValueError as e:
-        raise _renamed(e, "scale_shape", op, {"L": "scales", "M": "rows", "K": "cols"}) from None
-    out = be.empty(oshape if batched else oshape[1:], name)
-    iv = c_view(scales, op, "scales")[0]
-    ov, odt = c_view(out, op, "out")
-    try:
-        with be.guard():
-            _C.convert_scale_layout(iv, ov, odt, sk, src_row_align, spad, dk, dst_row_align, dpad, R, C,
-                                    None if ind is None else c_view(ind, op, "m_indptr")[0], be.stream())
-    except ValueError as e:  # the C++ names (in, R, C) as this function's arguments
-        raise _renamed(e, op, op, {"in": "scales", "R": "rows", "C": "cols"}) from None
-    return out
-
-
-def _renamed(e: ValueError, cop: str, op: str, names: dict) -> ValueError:
-    """`e` (raised by _C op `cop`) as an error of `op` naming its own arguments (`names`: C++
-    argument -> Python argument)."""
-    msg = str(e)
-    for cname, pname in names.items():
-        if msg.startswith(f"{cop}: argument '{cname}'"):
-            return ValueError(f"{op}: argument '{pname}'" + msg[len(f"{cop}: argument '{cname}'"):])
-    return e
-
-
 def tensor_amax(x):
     """``max(|x|)`` over the finite elements of a whole [M, K] or [L, M, K] array as float32 [1]
     (NaN and +-Inf are ignored, 0 if there is none): the NVFP4 global amax."""
@@ -443,7 +271,6 @@ def tensor_amax(x):
 
 
 def _nibbles(order: str, op: str):
-    from ._formats import _NIBBLES, _choice
     return _choice(order, _NIBBLES, "nibble_order", op)
 
 
@@ -610,29 +437,3 @@ def _ptg_format(name: str, group_size, scale_ue8m0, eps) -> Format:
     if key is not None and len(_PTG_FORMATS) < 256:
         _PTG_FORMATS[key] = f
     return f
-
-
-def block_scale_interleave(scales):
-    """Row-major scales [R, C] (or [L, R, C]) -> the 128x4 blocked layout
-    [round_up(R,128), round_up(C,4)] (FlashInfer ``block_scale_interleave``, torchao
-    ``to_blocked``): offset(r, c) = ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4,
-    padding zero."""
-    scales = as_array(scales, "block_scale_interleave", "scales", float_default=False)
-    if scales.ndim not in (2, 3):
-        raise ValueError(f"block_scale_interleave: argument 'scales': expected [R, C] or [L, R, C], "
-                         f"got shape {tuple(scales.shape)}")
-    R, C = int(scales.shape[-2]), int(scales.shape[-1])
-    try:
-        return convert_scale_layout(scales, R, C, "row_major", "blocked128x4")
-    except ValueError as e:  # named as this function's error
-        raise _renamed(e, "convert_scale_layout", "block_scale_interleave", {"scales": "scales"}) from None
-
-
-def block_scale_deinterleave(scales, rows: int, cols: int):
-    """Inverse of block_scale_interleave: 128x4 blocked scales -> row-major [rows, cols]
-    ([L, rows, cols] for L matrices)."""
-    try:
-        return convert_scale_layout(scales, rows, cols, "blocked128x4", "row_major")
-    except ValueError as e:  # named as this function's error
-        raise _renamed(e, "convert_scale_layout", "block_scale_deinterleave",
-                       {"scales": "scales", "rows": "rows", "cols": "cols"}) from None
