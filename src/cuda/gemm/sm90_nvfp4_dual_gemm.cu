@@ -29,6 +29,7 @@
 #include "cuda/gemm/launch_gemm.hpp"
 #include "cuda/common/sm90_gemm_common.cuh"
 #include "cuda/common/workspace.cuh"
+#include "cuda/gemm/heuristics.hpp"
 #include "lowbit/block_quant.hpp"
 #include "lowbit/gemm.hpp"
 
@@ -38,7 +39,7 @@ using namespace lowbit::cuda::gemm;
 
 namespace {
 
-constexpr int kTileK = 64;                 // K per pipeline stage (4 wgmma k16 steps)
+constexpr int kTileK = kDualTileK;         // K per pipeline stage (4 wgmma k16 steps)
 constexpr int kRowsPerWG = 64;             // weight rows per warpgroup
 constexpr int kChunkData = 128 * 16;       // fragment bytes per (64-row block, k tile)
 constexpr int kChunkBytes = kChunkData + 64 * 4;  // + 64 rows x 4 E4M3 scales (see nvfp4_dual_gemm_packed_bytes)
@@ -332,18 +333,11 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
   cudaGetDevice(&dev);
   const int sms = sm_count(dev);
 
-  const int NT = p.M <= 16 ? 16 : p.M <= 32 ? 32 : p.M <= 64 ? 64 : 128;
-  const int64_t kTiles = p.K / kTileK;
-  const int64_t tiles = (p.N / 64) * ((p.M + NT - 1) / NT) * p.L;
-  int splits = 1;
-  if (tiles < sms) {
-    splits = int((2 * sms + tiles - 1) / tiles);
-    const int max_splits = int(kTiles / 4 > 0 ? kTiles / 4 : 1);
-    splits = splits < max_splits ? splits : max_splits;
-    if (splits < 1) splits = 1;
-  }
-  const int per = int((kTiles + splits - 1) / splits);
-  splits = int((kTiles + per - 1) / per);
+  // tokens per CTA and split-K (gemm::dual_config)
+  const DualConfig cfg = dual_config(p.M, p.N, p.K, p.L, sms);
+  const int NT = cfg.tile_n;
+  const int splits = cfg.splits;
+  const int per = cfg.kt_per_split;
 
   if (!packed) {
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&own_packed), size_t(lowbit::nvfp4_dual_gemm_packed_bytes(p.N, p.K, p.L)), pool, st);
@@ -362,10 +356,10 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
   if (e == cudaSuccess) {
     MainArgs a{p, packed, act, ws, splits, per};
     switch (NT) {
-      case 16: e = launch_main<16, 8>(a, dev, st); break;
-      case 32: e = launch_main<32, 6>(a, dev, st); break;
-      case 64: e = launch_main<64, 5>(a, dev, st); break;
-      default: e = launch_main<128, 4>(a, dev, st); break;
+      case 16: e = launch_main<16, dual_stages(16)>(a, dev, st); break;
+      case 32: e = launch_main<32, dual_stages(32)>(a, dev, st); break;
+      case 64: e = launch_main<64, dual_stages(64)>(a, dev, st); break;
+      default: e = launch_main<128, dual_stages(128)>(a, dev, st); break;
     }
   }
   if (e == cudaSuccess && splits > 1) {

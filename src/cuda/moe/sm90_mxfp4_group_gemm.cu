@@ -42,6 +42,7 @@
 #include "cuda/gemm/launch_gemm.hpp"
 #include "cuda/common/sm90_gemm_common.cuh"
 #include "cuda/common/workspace.cuh"
+#include "cuda/moe/heuristics.hpp"
 #include "lowbit/block_quant.hpp"
 #include "lowbit/gemm.hpp"
 #include "lowbit/mxfp4_pack.hpp"
@@ -52,7 +53,7 @@ using namespace lowbit::cuda::gemm;
 
 namespace {
 
-constexpr int kRows = 128;  // weight rows per CTA
+constexpr int kRows = moe::kGroupRows;  // weight rows per CTA
 /// Weights enter the tensor cores as w * 2^-kWShift (see the file comment); the epilogue undoes it.
 constexpr int kWShift = 5;
 constexpr float kWUnshift = float(1 << kWShift);
@@ -915,20 +916,17 @@ cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, c
   dim3 grid(unsigned((a.N + kRows - 1) / kRows), unsigned(max_tiles), unsigned(a.splits));
   return launch_pdl(kern, grid, dim3(288), size_t(smem), st, tw, ta, a);
 }
-/// The packed weights and the activation rows can be read by TMA (16-byte aligned bases, rows
-/// addressable with 32-bit coordinates).
+/// The packed weights and the activation rows can be read by TMA (moe::ws_eligible).
 bool ws_eligible(const GroupArgs& a) {
-  return a.packed && a.KT == 256 && (a.NT == 16 || a.NT == 32) && (reinterpret_cast<uintptr_t>(a.b) & 15) == 0 &&
-         a.b_sG == mxfp4_packed_rows(a.N) * a.b_sN && a.G * mxfp4_packed_rows(a.N) < (int64_t(1) << 31) &&
-         a.M < (int64_t(1) << 31) && (reinterpret_cast<uintptr_t>(a.act) & 15) == 0;
+  return moe::ws_eligible(a.packed, a.NT, a.KT, uint64_t(reinterpret_cast<uintptr_t>(a.b)), a.b_sG, a.b_sN, a.N, a.G,
+                          a.M, uint64_t(reinterpret_cast<uintptr_t>(a.act)));
 }
 
-/// Tokens per CTA (from the mean rows per non-empty group) and the K tile that goes with it.
+/// Tokens per CTA and the K tile that goes with it (moe::pick_tile).
 void pick_tile(int64_t rows_bound, int64_t G, int* NT, int* KT) {
-  const int64_t used = rows_bound < G ? rows_bound : G;  // non-empty groups at most
-  const int64_t avg = used > 0 ? (rows_bound + used - 1) / used : 1;
-  *NT = avg <= 16 ? 16 : avg <= 32 ? 32 : avg <= 64 ? 64 : 128;
-  *KT = *NT <= 32 ? 256 : *NT == 64 ? 128 : 64;
+  const moe::GroupTile t = moe::pick_tile(rows_bound, G);
+  *NT = t.tile_n;
+  *KT = t.tile_k;
 }
 
 /// Runs the grouped GEMM of `a` (act already in place, a.NT / a.KT from pick_tile): split-K and
@@ -938,51 +936,31 @@ cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaS
   cudaGetDevice(&dev);
   const int sms = sm_count(dev);
   const int NT = a.NT;
-  int64_t max_tiles = (rows_bound + NT - 1) / NT + a.G;  // sum over groups of ceil(rows / NT)
-  if (rows_bound < max_tiles) max_tiles = rows_bound;      // and each tile holds a row
-  const int64_t tiles_est = max_tiles * ((a.N + kRows - 1) / kRows);
-  const int64_t kTiles = (a.K + a.KT - 1) / a.KT;
-  // Split K when the tiles do not fill the GPU: every configuration runs 2 CTAs per SM, and a CTA
-  // costs about its K tiles plus ~2 tiles of pipeline fill, so pick the split count that minimises
-  // waves x (tiles per split + 2) (partial waves cost as much as full ones).
-  const int64_t slots = 2 * int64_t(sms);
-  int splits = 1;
-  if (tiles_est < 2 * slots) {
-    int64_t best = -1;
-    const int64_t max_splits = kTiles / 2 > 0 ? kTiles / 2 : 1;
-    for (int64_t sp = 1; sp <= max_splits; ++sp) {
-      const int64_t per_sp = (kTiles + sp - 1) / sp;
-      const int64_t cost = ((tiles_est * sp + slots - 1) / slots) * (per_sp + 2);
-      if (best < 0 || cost < best) {
-        best = cost;
-        splits = int(sp);
-      }
-    }
-  }
-  const int per = int((kTiles + splits - 1) / splits);
-  splits = int((kTiles + per - 1) / per);
+  // split K when the tiles do not fill the GPU (moe::group_split)
+  const moe::GroupSplit sp = moe::group_split(rows_bound, a.G, a.N, a.K, a.NT, a.KT, sms);
+  const int64_t max_tiles = sp.max_tiles;
+  const int splits = sp.splits;
   a.splits = splits;
-  a.kt_per_split = per;
+  a.kt_per_split = sp.kt_per_split;
   if (max_tiles <= 0 || a.M == 0) return cudaSuccess;
   cudaError_t e = cudaSuccess;
   if (splits > 1)
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&a.ws), size_t(splits) * a.M * a.N * sizeof(float), pool, st);
   if (e == cudaSuccess) {
     if (ws_eligible(a)) {
-      e = NT == 16 ? launch_group_ws<16, 4, 8>(a, max_tiles, dev, st) : launch_group_ws<32, 3, 8>(a, max_tiles, dev, st);
+      e = NT == 16 ? launch_group_ws<16, moe::group_ws_stages(16), moe::kGroupWsBatches>(a, max_tiles, dev, st)
+                   : launch_group_ws<32, moe::group_ws_stages(32), moe::kGroupWsBatches>(a, max_tiles, dev, st);
     } else
     switch (NT) {
-      case 16: e = launch_group<16, 4, 256>(a, max_tiles, dev, st); break;
-      case 32: e = launch_group<32, 3, 256>(a, max_tiles, dev, st); break;
-      case 64: e = launch_group<64, 4, 128>(a, max_tiles, dev, st); break;
-      default: e = launch_group<128, 4, 64>(a, max_tiles, dev, st); break;
+      case 16: e = launch_group<16, moe::group_stages(16), moe::pick_tile(16, 1).tile_k>(a, max_tiles, dev, st); break;
+      case 32: e = launch_group<32, moe::group_stages(32), moe::pick_tile(32, 1).tile_k>(a, max_tiles, dev, st); break;
+      case 64: e = launch_group<64, moe::group_stages(64), moe::pick_tile(64, 1).tile_k>(a, max_tiles, dev, st); break;
+      default: e = launch_group<128, moe::group_stages(128), moe::pick_tile(128, 1).tile_k>(a, max_tiles, dev, st); break;
     }
   }
   if (e == cudaSuccess && splits > 1) {
-    const int64_t items = a.M * ((a.N + 15) / 16) * 8;
     a.pdl = false;
-    e = launch_pdl(group_finalize_kernel, dim3(unsigned(items / 256 + 1 < 8 * int64_t(sms) ? items / 256 + 1 : 8 * int64_t(sms))),
-                   dim3(256), 0, st, a);
+    e = launch_pdl(group_finalize_kernel, dim3(unsigned(moe::group_finalize_blocks(a.M, a.N, sms))), dim3(256), 0, st, a);
   }
   if (a.ws) cudaFreeAsync(a.ws, st);
   return e;
@@ -1022,13 +1000,10 @@ int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
   {
     int dev = 0;
     cudaGetDevice(&dev);
-    // strips of K blocks per warp: 1 while the rows are few (latency), up to 8 for long batches
-    // (each warp reads its row's scale bytes once for the shift)
-    const int64_t items = p.M * (a.Kp / 64), target = 32 * int64_t(sm_count(dev));
-    a.strip = int(items / target < 1 ? 1 : (items / target > 8 ? 8 : items / target));
-    const int64_t blocks = (p.M * ((a.Kp / 64 + a.strip - 1) / a.strip) + 7) / 8;
-    const int64_t cap = 16 * int64_t(sm_count(dev));
-    act_prepass_kernel<<<unsigned(blocks < cap ? blocks : cap), 256, 0, st>>>(a);
+    // strips of K blocks per warp and the grid (moe::prepass_grid)
+    const moe::PrepassGrid pg = moe::prepass_grid(p.M, a.Kp, sm_count(dev));
+    a.strip = pg.strip;
+    act_prepass_kernel<<<unsigned(pg.blocks), 256, 0, st>>>(a);
     e = cudaGetLastError();
     a.pdl = true;  // the GEMM prefetches weights while the pre-pass runs
   }

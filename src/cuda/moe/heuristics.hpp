@@ -1,0 +1,110 @@
+// src/cuda/moe/heuristics.hpp: tile, stage and split-K choices of the MXFP4 grouped GEMM and the
+// gpt-oss MLP built on it. Host-only pure functions of sizes and the SM count (no CUDA types), so
+// the choices are unit-tested on the CPU (tests/cpp/test_heuristics.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "lowbit/mxfp4_pack.hpp"
+
+namespace lowbit::cuda::moe {
+
+/// Weight rows per CTA (2 warpgroups x 64, wgmma M).
+constexpr int kGroupRows = 128;
+
+/// Tokens per CTA (wgmma N) and K per pipeline stage.
+struct GroupTile {
+  int tile_n = 16;
+  int tile_k = 64;
+};
+
+/// Tokens per CTA (from the mean rows per non-empty group) and the K tile that goes with it.
+constexpr GroupTile pick_tile(int64_t rows_bound, int64_t groups) {
+  const int64_t used = rows_bound < groups ? rows_bound : groups;  // non-empty groups at most
+  const int64_t avg = used > 0 ? (rows_bound + used - 1) / used : 1;
+  GroupTile t;
+  t.tile_n = avg <= 16 ? 16 : avg <= 32 ? 32 : avg <= 64 ? 64 : 128;
+  t.tile_k = t.tile_n <= 32 ? 256 : t.tile_n == 64 ? 128 : 64;
+  return t;
+}
+
+/// Pipeline stages of the cp.async kernel for a tile of `tile_n` tokens (its K tile: pick_tile).
+constexpr int group_stages(int tile_n) { return tile_n == 32 ? 3 : 4; }
+/// Pipeline stages of the warp-specialized kernel (tile_n 16 or 32, K tile 256).
+constexpr int group_ws_stages(int tile_n) { return tile_n == 16 ? 4 : 3; }
+/// Batches per stage of the warp-specialized kernel.
+constexpr int kGroupWsBatches = 8;
+
+/// Grid and split-K of one grouped GEMM launch.
+struct GroupSplit {
+  int64_t max_tiles = 0;  ///< grid.y: an upper bound of the (group, token tile) pairs
+  int splits = 1;         ///< grid.z
+  int kt_per_split = 0;   ///< K tiles per split
+};
+
+/// Split K when the tiles do not fill the GPU: every configuration runs 2 CTAs per SM, and a CTA
+/// costs about its K tiles plus ~2 tiles of pipeline fill, so pick the split count that minimises
+/// waves x (tiles per split + 2) (partial waves cost as much as full ones).
+constexpr GroupSplit group_split(int64_t rows_bound, int64_t groups, int64_t N, int64_t K, int tile_n, int tile_k,
+                                 int sms) {
+  GroupSplit s;
+  int64_t max_tiles = (rows_bound + tile_n - 1) / tile_n + groups;  // sum over groups of ceil(rows / NT)
+  if (rows_bound < max_tiles) max_tiles = rows_bound;                // and each tile holds a row
+  const int64_t tiles_est = max_tiles * ((N + kGroupRows - 1) / kGroupRows);
+  const int64_t kTiles = (K + tile_k - 1) / tile_k;
+  const int64_t slots = 2 * int64_t(sms);
+  int splits = 1;
+  if (tiles_est < 2 * slots) {
+    int64_t best = -1;
+    const int64_t max_splits = kTiles / 2 > 0 ? kTiles / 2 : 1;
+    for (int64_t sp = 1; sp <= max_splits; ++sp) {
+      const int64_t per_sp = (kTiles + sp - 1) / sp;
+      const int64_t cost = ((tiles_est * sp + slots - 1) / slots) * (per_sp + 2);
+      if (best < 0 || cost < best) {
+        best = cost;
+        splits = int(sp);
+      }
+    }
+  }
+  const int per = int((kTiles + splits - 1) / splits);
+  s.max_tiles = max_tiles;
+  s.splits = per > 0 ? int((kTiles + per - 1) / per) : splits;
+  s.kt_per_split = per;
+  return s;
+}
+
+/// Blocks of the split-K finalize (256 threads each), at most 8 per SM.
+constexpr int64_t group_finalize_blocks(int64_t M, int64_t N, int sms) {
+  const int64_t items = M * ((N + 15) / 16) * 8;
+  return items / 256 + 1 < 8 * int64_t(sms) ? items / 256 + 1 : 8 * int64_t(sms);
+}
+
+/// The warp-specialized kernel runs when the packed weights and the activation rows can be read by
+/// TMA (16-byte aligned bases, rows addressable with 32-bit coordinates). `b_addr` / `act_addr`:
+/// the base addresses of the weights and the activation rows.
+constexpr bool ws_eligible(bool packed, int tile_n, int tile_k, uint64_t b_addr, int64_t b_sG, int64_t b_sN,
+                           int64_t N, int64_t groups, int64_t M, uint64_t act_addr) {
+  return packed && tile_k == 256 && (tile_n == 16 || tile_n == 32) && (b_addr & 15) == 0 &&
+         b_sG == mxfp4_packed_rows(N) * b_sN && groups * mxfp4_packed_rows(N) < (int64_t(1) << 31) &&
+         M < (int64_t(1) << 31) && (act_addr & 15) == 0;
+}
+
+/// Activation pre-pass launch: `strip` 64-wide K blocks per warp item and the grid (8 warps a block).
+struct PrepassGrid {
+  int strip = 1;
+  int64_t blocks = 0;
+};
+
+/// Strips of K blocks per warp: 1 while the rows are few (latency), up to 8 for long batches (each
+/// warp reads its row's scale bytes once for the shift). Kp: the activation row pitch.
+constexpr PrepassGrid prepass_grid(int64_t M, int64_t Kp, int sms) {
+  PrepassGrid g;
+  const int64_t items = M * (Kp / 64), target = 32 * int64_t(sms);
+  g.strip = int(items / target < 1 ? 1 : (items / target > 8 ? 8 : items / target));
+  const int64_t blocks = (M * ((Kp / 64 + g.strip - 1) / g.strip) + 7) / 8;
+  const int64_t cap = 16 * int64_t(sms);
+  g.blocks = blocks < cap ? blocks : cap;
+  return g;
+}
+
+}  // namespace lowbit::cuda::moe

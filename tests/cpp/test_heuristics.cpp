@@ -1,0 +1,146 @@
+// Tile, stage and split-K choices of the grouped GEMM (cuda/moe/heuristics.hpp) and the dual GEMM
+// (cuda/gemm/heuristics.hpp): known shapes -> the choices the launchers make, and edge cases.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <tuple>
+
+#include "cuda/gemm/heuristics.hpp"
+#include "cuda/moe/heuristics.hpp"
+
+namespace {
+
+using lowbit::cuda::gemm::dual_config;
+using lowbit::cuda::gemm::dual_stages;
+using lowbit::cuda::moe::group_finalize_blocks;
+using lowbit::cuda::moe::group_split;
+using lowbit::cuda::moe::group_stages;
+using lowbit::cuda::moe::group_ws_stages;
+using lowbit::cuda::moe::pick_tile;
+using lowbit::cuda::moe::prepass_grid;
+using lowbit::cuda::moe::ws_eligible;
+
+constexpr int kH100Sms = 132;
+
+std::tuple<int, int> tile(int64_t rows, int64_t groups) {
+  const auto t = pick_tile(rows, groups);
+  return {t.tile_n, t.tile_k};
+}
+
+TEST(GroupHeuristics, PickTileFromMeanRowsPerGroup) {
+  EXPECT_EQ(tile(0, 8), std::make_tuple(16, 256));  // no rows
+  EXPECT_EQ(tile(1, 1), std::make_tuple(16, 256));
+  EXPECT_EQ(tile(1, 128), std::make_tuple(16, 256));  // one row, many groups
+  EXPECT_EQ(tile(16, 1), std::make_tuple(16, 256));
+  EXPECT_EQ(tile(17, 1), std::make_tuple(32, 256));
+  EXPECT_EQ(tile(32, 1), std::make_tuple(32, 256));
+  EXPECT_EQ(tile(33, 1), std::make_tuple(64, 128));
+  EXPECT_EQ(tile(64, 1), std::make_tuple(64, 128));
+  EXPECT_EQ(tile(65, 1), std::make_tuple(128, 64));
+  EXPECT_EQ(tile(128, 128), std::make_tuple(16, 256));
+  EXPECT_EQ(tile(129, 128), std::make_tuple(16, 256));  // mean rounded up: 2
+  EXPECT_EQ(tile(4096, 128), std::make_tuple(32, 256));
+  EXPECT_EQ(tile(2048, 32), std::make_tuple(64, 128));
+  EXPECT_EQ(tile(100000, 4), std::make_tuple(128, 64));
+}
+
+TEST(GroupHeuristics, Stages) {
+  EXPECT_EQ(group_stages(16), 4);
+  EXPECT_EQ(group_stages(32), 3);
+  EXPECT_EQ(group_stages(64), 4);
+  EXPECT_EQ(group_stages(128), 4);
+  EXPECT_EQ(group_ws_stages(16), 4);
+  EXPECT_EQ(group_ws_stages(32), 3);
+}
+
+std::tuple<int64_t, int, int> split(int64_t rows, int64_t groups, int64_t N, int64_t K, int sms = kH100Sms) {
+  const auto t = pick_tile(rows, groups);
+  const auto s = group_split(rows, groups, N, K, t.tile_n, t.tile_k, sms);
+  EXPECT_GE(s.splits, 1);
+  EXPECT_GE(int64_t(s.splits) * s.kt_per_split, (K + t.tile_k - 1) / t.tile_k);  // every K tile covered
+  EXPECT_LT(int64_t(s.splits - 1) * s.kt_per_split, (K + t.tile_k - 1) / t.tile_k);  // no empty split
+  return {s.max_tiles, s.splits, s.kt_per_split};
+}
+
+TEST(GroupHeuristics, SplitK) {
+  // (max_tiles, splits, K tiles per split)
+  EXPECT_EQ(split(1, 128, 2880, 2880), std::make_tuple(int64_t(1), 6, 2));  // one token: split K
+  EXPECT_EQ(split(16, 1, 4096, 4096), std::make_tuple(int64_t(2), 4, 4));
+  EXPECT_EQ(split(3, 4, 256, 4096), std::make_tuple(int64_t(3), 8, 2));
+  EXPECT_EQ(split(512, 128, 5760, 2880), std::make_tuple(int64_t(160), 1, 12));  // GPU full: no split
+  EXPECT_EQ(split(4096, 32, 5760, 2880), std::make_tuple(int64_t(64), 1, 45));
+  EXPECT_EQ(split(32768, 128, 5760, 2880), std::make_tuple(int64_t(384), 1, 45));
+  EXPECT_EQ(split(5, 1000, 128, 512), std::make_tuple(int64_t(5), 1, 2));  // many groups, few rows
+  // tiny K: one K tile, no split
+  EXPECT_EQ(split(1, 1, 128, 1), std::make_tuple(int64_t(1), 1, 1));
+  EXPECT_EQ(split(1, 1, 128, 64), std::make_tuple(int64_t(1), 1, 1));
+  EXPECT_EQ(split(1, 1, 128, 256), std::make_tuple(int64_t(1), 1, 1));
+  // no rows: no tiles (the launcher returns before launching)
+  const auto z = group_split(0, 8, 128, 256, 16, 256, kH100Sms);
+  EXPECT_EQ(z.max_tiles, 0);
+}
+
+TEST(GroupHeuristics, FinalizeBlocks) {
+  EXPECT_EQ(group_finalize_blocks(1, 2880, kH100Sms), 6);  // 180 * 8 items / 256 + 1
+  EXPECT_EQ(group_finalize_blocks(0, 2880, kH100Sms), 1);
+  EXPECT_EQ(group_finalize_blocks(4096, 5760, kH100Sms), 8 * kH100Sms);  // capped
+}
+
+TEST(GroupHeuristics, WarpSpecializedEligible) {
+  const int64_t N = 2880, Np = lowbit::mxfp4_packed_rows(N), sN = 1440;
+  EXPECT_TRUE(ws_eligible(true, 16, 256, 0x1000, Np * sN, sN, N, 32, 64, 0x2000));
+  EXPECT_TRUE(ws_eligible(true, 32, 256, 0x1000, Np * sN, sN, N, 32, 64, 0x2000));
+  EXPECT_FALSE(ws_eligible(false, 16, 256, 0x1000, Np * sN, sN, N, 32, 64, 0x2000));  // plain weights
+  EXPECT_FALSE(ws_eligible(true, 64, 128, 0x1000, Np * sN, sN, N, 32, 64, 0x2000));   // tile
+  EXPECT_FALSE(ws_eligible(true, 16, 256, 0x1008, Np * sN, sN, N, 32, 64, 0x2000));   // weights misaligned
+  EXPECT_FALSE(ws_eligible(true, 16, 256, 0x1000, Np * sN, sN, N, 32, 64, 0x2004));   // act misaligned
+  EXPECT_FALSE(ws_eligible(true, 16, 256, 0x1000, Np * sN + 16, sN, N, 32, 64, 0x2000));  // group pitch
+  EXPECT_FALSE(ws_eligible(true, 16, 256, 0x1000, Np * sN, sN, N, int64_t(1) << 20, 64, 0x2000));  // 2^31 rows
+  EXPECT_FALSE(ws_eligible(true, 16, 256, 0x1000, Np * sN, sN, N, 32, int64_t(1) << 31, 0x2000));
+}
+
+TEST(GroupHeuristics, PrepassGrid) {
+  auto pg = [](int64_t M, int64_t Kp) {
+    const auto g = prepass_grid(M, Kp, kH100Sms);
+    return std::make_tuple(g.strip, g.blocks);
+  };
+  EXPECT_EQ(pg(0, 1024), std::make_tuple(1, int64_t(0)));
+  EXPECT_EQ(pg(1, 64), std::make_tuple(1, int64_t(1)));
+  EXPECT_EQ(pg(1, 256), std::make_tuple(1, int64_t(1)));
+  EXPECT_EQ(pg(1, 3072), std::make_tuple(1, int64_t(6)));
+  EXPECT_EQ(pg(8, 8192), std::make_tuple(1, int64_t(128)));
+  EXPECT_EQ(pg(64, 4096), std::make_tuple(1, int64_t(512)));
+  EXPECT_EQ(pg(4096, 4096), std::make_tuple(8, int64_t(16 * kH100Sms)));    // long batch: 8 blocks a warp, capped
+  EXPECT_EQ(pg(100000, 4096), std::make_tuple(8, int64_t(16 * kH100Sms)));
+}
+
+std::tuple<int, int, int> dual(int64_t M, int64_t N, int64_t K, int64_t L, int sms = kH100Sms) {
+  const auto c = dual_config(M, N, K, L, sms);
+  return {c.tile_n, c.splits, c.kt_per_split};
+}
+
+TEST(DualHeuristics, TileAndSplitK) {
+  // (tokens per CTA, splits, K tiles per split)
+  EXPECT_EQ(dual(1, 4096, 4096, 1), std::make_tuple(16, 5, 13));
+  EXPECT_EQ(dual(16, 4096, 4096, 1), std::make_tuple(16, 5, 13));
+  EXPECT_EQ(dual(17, 4096, 4096, 1), std::make_tuple(32, 5, 13));
+  EXPECT_EQ(dual(64, 4096, 4096, 1), std::make_tuple(64, 5, 13));
+  EXPECT_EQ(dual(33, 128, 1024, 2), std::make_tuple(64, 4, 4));
+  EXPECT_EQ(dual(1, 8192, 8192, 1), std::make_tuple(16, 3, 43));
+  EXPECT_EQ(dual(128, 4096, 4096, 4), std::make_tuple(128, 1, 64));  // enough tiles: no split
+  EXPECT_EQ(dual(4096, 4096, 4096, 1), std::make_tuple(128, 1, 64));
+  // tiny K: at least 4 K tiles per split
+  EXPECT_EQ(dual(1, 64, 64, 1), std::make_tuple(16, 1, 1));
+  EXPECT_EQ(dual(1, 64, 256, 1), std::make_tuple(16, 1, 4));
+  // no tokens: no tiles, no split
+  EXPECT_EQ(std::get<1>(dual(0, 4096, 4096, 1)), 1);
+}
+
+TEST(DualHeuristics, Stages) {
+  EXPECT_EQ(dual_stages(16), 8);
+  EXPECT_EQ(dual_stages(32), 6);
+  EXPECT_EQ(dual_stages(64), 5);
+  EXPECT_EQ(dual_stages(128), 4);
+}
+
+}  // namespace
