@@ -1,0 +1,136 @@
+// src/cuda/moe/group_epilogue.cuh: epilogue of the MXFP4 grouped GEMM: the exact fp32 fallback
+// (exact_dot), bias, SwiGLU, the final stores, finish_tile and the split-K finalize kernel.
+#pragma once
+
+#include "cuda/moe/group_scheduler.cuh"
+
+namespace lowbit::cuda {
+namespace {
+
+/// Exact fp32 recomputation of one accumulator entry (row R, token m) over K elements [k0, k1).
+__device__ float exact_dot(const GroupArgs& A, int64_t g, int64_t R, int64_t m, int64_t k0, int64_t k1) {
+  const int64_t n = A.wrow(R);
+  const int64_t srow = (A.a && A.a_scale) ? A.a_scale_row(m) : 0;
+  float acc = 0.0f, sa = 1.0f;
+  for (int64_t k = k0; k < k1; ++k) {
+    float av;
+    if (A.a) {
+      if (A.a_scale) {
+        if ((k & 31) == 0 || k == k0)
+          sa = decode_ue8m0(A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, k >> 5)]);
+        const uint8_t c = static_cast<const uint8_t*>(A.a)[m * A.a_sM + k];
+        av = (A.a_dtype == DType::kE4M3 ? decode_e4m3(c) : decode_e5m2(c)) * sa;
+      } else {
+        av = decode_bf16(static_cast<const uint16_t*>(A.a)[m * A.a_sM + k]);
+      }
+    } else {
+      av = decode_bf16(A.act[m * A.Kp + act_index(k, A.KT)]);
+    }
+    acc = fmaf(A.weight(g, n, k), av, acc);
+  }
+  return acc;
+}
+
+__device__ __forceinline__ float load_bias(const GroupArgs& A, int64_t g, int64_t n) {
+  return load_float(A.bias, A.bias_dtype, g * A.bias_sG + n);
+}
+
+/// gpt-oss clamped SwiGLU of one feature (FORMATS.md section 8), as the reference computes it.
+__device__ __forceinline__ float swiglu(const GroupArgs& A, float hg, float hu) {
+  const float g = hg < A.limit ? hg : A.limit;
+  const float u = hu < -A.limit ? -A.limit : (hu > A.limit ? A.limit : hu);
+  return g * (1.0f / (1.0f + expf(-A.alpha * g))) * (u + 1.0f);
+}
+
+/// Final store of kernel rows (R, R + 8) for token m, group g.
+__device__ __forceinline__ void store_pair(const GroupArgs& A, int64_t g, int64_t m, int64_t R, float v0, float v1) {
+  if (A.mode == kEpiSwiglu) {
+    const int64_t f = (R >> 4) * 8 + (R & 7);  // feature: stored rows 2f (gate) and 2f + 1 (up)
+    if (2 * f + 1 >= A.N) return;
+    const float y = swiglu(A, v0 + load_bias(A, g, 2 * f), v1 + load_bias(A, g, 2 * f + 1));
+    if (A.out_act_layout)
+      static_cast<uint16_t*>(A.out)[m * A.o_sM + act_index(f, A.out_kt)] = encode_bf16(y);
+    else
+      static_cast<float*>(A.out)[m * A.o_sM + f] = y;
+    return;
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = R + 8 * h;
+    if (n >= A.N) continue;
+    const float v = h ? v1 : v0;
+    if (A.mode == kEpiBias)
+      static_cast<float*>(A.out)[m * A.o_sM + n] = v + load_bias(A, g, n);
+    else
+      store_float(A.out, A.out_dtype, m * A.o_sM + n, v);
+  }
+}
+
+/// Byte `idx` (0..11) of three consecutive words.
+__device__ __forceinline__ uint32_t pick_byte(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t idx) {
+  const uint32_t w = idx < 4 ? w0 : (idx < 8 ? w1 : w2);
+  return (w >> (8 * (idx & 3))) & 0xFFu;
+}
+
+/// Epilogue of a CTA's tile, run by all its threads: the exactness check (activation blocks the
+/// pre-pass flagged), then this thread's accumulator rows rl, rl + 8 for its tokens (consumer
+/// false: none), unshifted by 2^kWShift, to the output or the split-K partials.
+template <int kTileN, int kTileK>
+__device__ __forceinline__ void finish_tile(const GroupArgs& A, const float (&acc)[kTileN / 2], bool consumer,
+                                            int tid, int rl, int t, int64_t grp, int64_t m0, int64_t m1, int64_t R0,
+                                            int split, int64_t kt0, int64_t kt1) {
+  bool bad = false;
+  if (A.tok_flag && tid < kTileN && m0 + tid < m1)
+    for (int64_t c = kt0 * (kTileK / 64); c < kt1 * (kTileK / 64); ++c) bad |= A.tok_flag[(m0 + tid) * (A.Kp / 64) + c] != 0;
+  bad = __syncthreads_or(bad);
+  if (!consumer) return;
+  const int64_t kb = kt0 * kTileK, ke = kt1 * kTileK < A.K ? kt1 * kTileK : A.K;
+#pragma unroll
+  for (int j = 0; j < kTileN / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + 8 * j + 2 * t + h;
+      const int64_t R = R0 + rl;
+      if (m >= m1 || R >= A.N) continue;
+      const float un = A.tok_scale ? A.tok_scale[m] : kWUnshift;  // a power of two: exact
+      float v0 = acc[4 * j + h] * un, v1 = acc[4 * j + 2 + h] * un;
+      if (bad) {
+        v0 = exact_dot(A, grp, R, m, kb, ke);
+        v1 = R + 8 < A.N ? exact_dot(A, grp, R + 8, m, kb, ke) : 0.0f;
+      }
+      if (A.splits == 1) {
+        store_pair(A, grp, m, R, v0, v1);
+      } else {
+        float* w = A.ws + (int64_t(split) * A.M + m) * A.N;
+        w[R] = v0;
+        if (R + 8 < A.N) w[R + 8] = v1;
+      }
+    }
+  }
+}
+
+/// Split-K: sums the partials in split order and runs the epilogue (rows of m_indptr[G].. skipped).
+__global__ void group_finalize_kernel(GroupArgs A) {
+  griddep_wait();
+  const int64_t M = A.bound(A.G);
+  const int64_t n16 = (A.N + 15) / 16;
+  const int64_t items = M * n16 * 8;  // (m, 16-row block, row pair r / r + 8)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t m = i / (n16 * 8), R = (i % (n16 * 8)) / 8 * 16 + (i & 7);
+    if (R >= A.N) continue;
+    float v0 = 0.0f, v1 = 0.0f;
+    for (int s = 0; s < A.splits; ++s) {
+      const float* w = A.ws + (int64_t(s) * A.M + m) * A.N;
+      v0 += w[R];
+      if (R + 8 < A.N) v1 += w[R + 8];
+    }
+    int64_t grp;
+    if (A.indptr64)
+      grp = group_of_row(static_cast<const int64_t*>(A.m_indptr), A.G, m);
+    else
+      grp = group_of_row(static_cast<const int32_t*>(A.m_indptr), A.G, m);
+    store_pair(A, grp, m, R, v0, v1);
+  }
+}
+
+}  // namespace
+}  // namespace lowbit::cuda

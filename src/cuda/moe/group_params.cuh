@@ -1,0 +1,126 @@
+// src/cuda/moe/group_params.cuh: kernel parameters of the MXFP4 grouped GEMM (GroupArgs), its
+// constants, the weight-scale multipliers and the activation K order (act_pos). The design and the
+// exactness argument: sm90_mxfp4_group_gemm.cu.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/sm90_gemm_common.cuh"
+#include "cuda/gemm/launch_gemm.hpp"
+#include "cuda/moe/heuristics.hpp"
+#include "lowbit/block_quant.hpp"
+#include "lowbit/gemm.hpp"
+#include "lowbit/mxfp4_pack.hpp"
+
+namespace lowbit::cuda {
+using namespace lowbit::detail;
+using namespace lowbit::cuda::gemm;
+
+namespace {
+
+constexpr int kRows = moe::kGroupRows;  // weight rows per CTA
+/// Weights enter the tensor cores as w * 2^-kWShift (see the file comment); the epilogue undoes it.
+constexpr int kWShift = 5;
+constexpr float kWUnshift = float(1 << kWShift);
+/// Largest scale byte whose 2^(s - 1 - kWShift) is a normal bf16 (one-multiply decode).
+constexpr uint32_t kSOne = 127u + 1u + kWShift;  // 133
+
+/// bf16x2 multipliers of scale bytes y (a byte in bits 0..7 and one in 16..23): `one` = 2^(s-6)
+/// (valid for s <= 133), `lo` = 2^(min(s,133)-6) and `hi` = 2^(max(s,133)-133), NaN for the NaN
+/// byte 255 (lo * hi: every byte).
+__device__ __forceinline__ uint32_t scale_one(uint32_t y) { return (y + 0x00010001u * (126u - kWShift)) << 7; }
+__device__ __forceinline__ uint32_t scale_lo(uint32_t y) { return scale_one(__vminu2(y, 0x00010001u * kSOne)); }
+__device__ __forceinline__ uint32_t scale_hi(uint32_t y) {
+  const uint32_t h = (__vmaxu2(y, 0x00010001u * kSOne) - 0x00010001u * (kSOne - 127u)) << 7;
+  const uint32_t nan = ((y + 0x00010001u) >> 8) & 0x00010001u;  // 1 in a half holding byte 255
+  return h | (nan * 0x7FC0u);
+}
+
+/// Position, within its KT-wide block (KT = 64, 128 or 256: the K tile of a pipeline stage) of a
+/// kernel activation row, of K element k of the block: in wgmma k16 step j, lane quad t reads the
+/// elements t * KT/4 + 4j .. + 3, so each thread's weight bytes of a stage are contiguous.
+__host__ __device__ constexpr int act_pos(int k, int KT) {
+  const int q = KT / 4, t = k / q, r = k % q, w = r & 3;
+  return 16 * (r >> 2) + (w < 2 ? 2 * t + w : 8 + 2 * t + w - 2);
+}
+/// act_pos of element k of a whole row.
+__host__ __device__ constexpr int64_t act_index(int64_t k, int KT) {
+  return (k & ~int64_t(KT - 1)) + act_pos(int(k & (KT - 1)), KT);
+}
+
+enum EpiMode : int {
+  kEpiPlain = 0,   ///< out[m, n] = acc (out dtype)
+  kEpiSwiglu = 1,  ///< gpt-oss: rows 2f / 2f+1 are gate / up of feature f; bias, clamped SwiGLU
+  kEpiBias = 2,    ///< out[m, n] = acc + bias[g, n] (fp32)
+};
+
+struct GroupArgs {
+  int64_t M = 0, N = 0, K = 0, G = 0, Kp = 0;  ///< N: weight rows; Kp: act row pitch (K rounded to KT)
+  int NT = 16, KT = 64;                          ///< tokens per CTA, K per stage
+  const uint8_t* b = nullptr;
+  int64_t b_sG = 0, b_sN = 0;
+  bool packed = false;  ///< b / bs from group_gemm_mxfp4_prepack (lowbit/mxfp4_pack.hpp; bs row-major)
+  const uint8_t* bs = nullptr;  ///< weight scales
+  bool bs_blocked = false;      ///< 128x4 (spb) or row-major (bs_sG, bs_sN)
+  int64_t bs_sG = 0, bs_sN = 0;
+  ScalePlan spb;
+  const void* m_indptr = nullptr;
+  bool indptr64 = false;
+  const uint16_t* act = nullptr;      ///< [M][Kp] bf16 in act_pos order
+  const uint8_t* tok_flag = nullptr;  ///< [M][Kp/64]: 1 = a block the bf16 pre-pass could not hold exactly
+  const float* tok_scale = nullptr;   ///< [M]: 2^(kWShift - ka) of each row (MXFP8 A; null: 2^kWShift)
+  int strip = 1;                      ///< pre-pass: 64-wide K blocks per warp item
+  // Exact fallback sources: the original A (MXFP8 codes + scales or bf16); null: read `act`.
+  const void* a = nullptr;
+  DType a_dtype = DType::kBFloat16;
+  int64_t a_sM = 0;
+  const uint8_t* a_scale = nullptr;
+  ScalePlan spa;
+  // Epilogue
+  int mode = kEpiPlain;
+  void* out = nullptr;
+  DType out_dtype = DType::kBFloat16;
+  int64_t o_sM = 0;
+  bool out_act_layout = false;  ///< kEpiSwiglu: write bf16 in act_pos order (the next GEMM's A)
+  int out_kt = 64;              ///< that GEMM's KT
+  const void* bias = nullptr;
+  DType bias_dtype = DType::kFloat32;
+  int64_t bias_sG = 0;
+  float alpha = 1.702f, limit = 7.0f;
+  bool pdl = false;  ///< launched behind the activation pre-pass: weights are fetched before waiting for it
+  float* ws = nullptr;  ///< split-K partials [splits][M][N]
+  int splits = 1;
+  int kt_per_split = 0;
+
+  /// m_indptr[g] clamped to [0, M]: a device m_indptr is not validated, the kernels stay in bounds.
+  __device__ int64_t bound(int64_t g) const {
+    const int64_t v = indptr64 ? static_cast<const int64_t*>(m_indptr)[g] : int64_t(static_cast<const int32_t*>(m_indptr)[g]);
+    return v < 0 ? 0 : (v > M ? M : v);
+  }
+  /// Stored row of activation row m in a_scale, clamped to the rows the caller allocated.
+  __device__ int64_t a_scale_row(int64_t m) const {
+    const int64_t r = spa.stored_row(m);
+    return r < 0 ? 0 : (r >= spa.rows_pad ? spa.rows_pad - 1 : r);
+  }
+  /// Stored weight row of kernel row R (kEpiSwiglu: rows R, R+8 of each 16 are gate/up of one feature).
+  __host__ __device__ int64_t wrow(int64_t R) const {
+    if (mode != kEpiSwiglu) return R;
+    const int64_t i = R & 15;
+    return (R & ~int64_t(15)) + (i < 8 ? 2 * i : 2 * (i - 8) + 1);
+  }
+  __device__ const uint8_t* wscale_ptr(int64_t g, int64_t n, int64_t c) const {
+    return bs_blocked ? bs + spb.offset(g, n, c) : bs + g * bs_sG + n * bs_sN + c;
+  }
+  __device__ float weight(int64_t g, int64_t n, int64_t k) const {
+    const uint32_t code = mxfp4_row_code(b + g * b_sG + n * b_sN, k, packed);
+    return decode_e2m1(uint8_t(code)) * decode_ue8m0(*wscale_ptr(g, n, k >> 5));
+  }
+};
+
+}  // namespace
+}  // namespace lowbit::cuda
