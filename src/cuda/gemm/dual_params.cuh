@@ -1,0 +1,38 @@
+// src/cuda/gemm/dual_params.cuh: constants and kernel parameters (MainArgs) of the NVFP4 dual GEMM.
+// The design and the exactness argument: sm90_nvfp4_dual_gemm.cu.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/sm90_gemm_common.cuh"
+#include "cuda/gemm/heuristics.hpp"
+#include "cuda/gemm/launch_gemm.hpp"
+#include "lowbit/block_quant.hpp"
+#include "lowbit/gemm.hpp"
+
+namespace lowbit::cuda {
+using namespace lowbit::detail;
+using namespace lowbit::cuda::gemm;
+
+namespace {
+
+constexpr int kTileK = kDualTileK;         // K per pipeline stage (4 wgmma k16 steps)
+constexpr int kRowsPerWG = 64;             // weight rows per warpgroup
+constexpr int kChunkData = 128 * 16;       // fragment bytes per (64-row block, k tile)
+constexpr int kChunkBytes = kChunkData + 64 * 4;  // + 64 rows x 4 E4M3 scales (see nvfp4_dual_gemm_packed_bytes)
+constexpr float kBiasOut = 4.611686018427387904e18f;  // 2^62: undoes e2m1 * 2^-126 * (s * 2^64)
+
+struct MainArgs {
+  DualGemmPlan p;
+  const uint8_t* packed;
+  const uint16_t* act;  // [L][M][K] bf16
+  float* ws;            // split-K partials [splits][L][M][2N] (null when splits == 1)
+  int splits;
+  int k_tiles_per_split;
+};
+
+}  // namespace
+}  // namespace lowbit::cuda
