@@ -1,5 +1,5 @@
 // src/cuda/moe/group_epilogue.cuh: epilogue of the MXFP4 grouped GEMM: the exact fp32 fallback
-// (exact_dot), bias, SwiGLU, the final stores, finish_tile and the split-K finalize kernel.
+// (exact_dot), bias, SwiGLU, the final stores and finish_tile.
 #pragma once
 
 #include "cuda/moe/group_scheduler.cuh"
@@ -105,30 +105,6 @@ __device__ __forceinline__ void finish_tile(const GroupArgs& A, const float (&ac
         if (R + 8 < A.N) w[R + 8] = v1;
       }
     }
-  }
-}
-
-/// Split-K: sums the partials in split order and runs the epilogue (rows of m_indptr[G].. skipped).
-__global__ void group_finalize_kernel(GroupArgs A) {
-  griddep_wait();
-  const int64_t M = A.bound(A.G);
-  const int64_t n16 = (A.N + 15) / 16;
-  const int64_t items = M * n16 * 8;  // (m, 16-row block, row pair r / r + 8)
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t m = i / (n16 * 8), R = (i % (n16 * 8)) / 8 * 16 + (i & 7);
-    if (R >= A.N) continue;
-    float v0 = 0.0f, v1 = 0.0f;
-    for (int s = 0; s < A.splits; ++s) {
-      const float* w = A.ws + (int64_t(s) * A.M + m) * A.N;
-      v0 += w[R];
-      if (R + 8 < A.N) v1 += w[R + 8];
-    }
-    int64_t grp;
-    if (A.indptr64)
-      grp = group_of_row(static_cast<const int64_t*>(A.m_indptr), A.G, m);
-    else
-      grp = group_of_row(static_cast<const int32_t*>(A.m_indptr), A.G, m);
-    store_pair(A, grp, m, R, v0, v1);
   }
 }
 

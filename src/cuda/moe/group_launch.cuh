@@ -1,12 +1,11 @@
-// src/cuda/moe/group_launch.cuh: launch code of the MXFP4 grouped GEMM: shared-memory opt-in, grid,
-// the choice of kernel (cuda/moe/heuristics.hpp) and the split-K finalize.
+// src/cuda/moe/group_launch.cuh: launch code of the MXFP4 grouped GEMM's cp.async kernel
+// (shared-memory opt-in, grid).
 #pragma once
 
 #include <atomic>
 
 #include "cuda/common/workspace.cuh"
-#include "cuda/moe/group_mainloop_ws.cuh"
-#include "cuda/moe/group_prepass.cuh"
+#include "cuda/moe/group_mainloop.cuh"
 
 namespace lowbit::cuda {
 namespace {
@@ -28,76 +27,10 @@ cudaError_t launch_group(const GroupArgs& a, int64_t max_tiles, int device, cuda
                   : launch_group_pk<kTileN, kStages, kTileK, false>(a, max_tiles, device, st);
 }
 
-/// The warp-specialized kernel (packed weights, kTileK = 256).
-template <int kTileN, int kStages, int kBatches>
-cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
-  constexpr int kStageBytes = (kTileN * 256 * 2 + StageShape<256>::kWBytes + kRows * 8 + 1023) / 1024 * 1024;
-  constexpr int smem = kStages * kStageBytes + 1024;
-  CUtensorMap tw, ta;
-  const int64_t Np = mxfp4_packed_rows(a.N);
-  if (cudaError_t e = make_tmap_2d(&tw, a.b, CU_TENSOR_MAP_DATA_TYPE_UINT8, uint64_t(a.b_sN), uint64_t(a.G * Np),
-                                   uint64_t(a.b_sN), 128, kRows);
-      e != cudaSuccess)
-    return e;
-  if (cudaError_t e = make_tmap_2d(&ta, a.act, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(a.Kp), uint64_t(a.M),
-                                   uint64_t(a.Kp * 2), 64, kTileN);
-      e != cudaSuccess)
-    return e;
-  auto kern = group_gemm_ws_kernel<kTileN, kStages, kBatches>;
-  static std::atomic<uint64_t> opted{0};
-  if (cudaError_t e = opt_in_smem(kern, smem, device, opted); e != cudaSuccess) return e;
-  dim3 grid(unsigned((a.N + kRows - 1) / kRows), unsigned(max_tiles), unsigned(a.splits));
-  return launch_pdl(kern, grid, dim3(288), size_t(smem), st, tw, ta, a);
-}
-/// The packed weights and the activation rows can be read by TMA (moe::ws_eligible).
-bool ws_eligible(const GroupArgs& a) {
-  return moe::ws_eligible(a.packed, a.NT, a.KT, uint64_t(reinterpret_cast<uintptr_t>(a.b)), a.b_sG, a.b_sN, a.N, a.G,
-                          a.M, uint64_t(reinterpret_cast<uintptr_t>(a.act)));
-}
-
-/// Tokens per CTA and the K tile that goes with it (moe::pick_tile).
-void pick_tile(int64_t rows_bound, int64_t G, int* NT, int* KT) {
-  const moe::GroupTile t = moe::pick_tile(rows_bound, G);
-  *NT = t.tile_n;
-  *KT = t.tile_k;
-}
-
-/// Runs the grouped GEMM of `a` (act already in place, a.NT / a.KT from pick_tile): split-K and
-/// the finalize.
-cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaStream_t st) {
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const int sms = sm_count(dev);
-  const int NT = a.NT;
-  // split K when the tiles do not fill the GPU (moe::group_split)
-  const moe::GroupSplit sp = moe::group_split(rows_bound, a.G, a.N, a.K, a.NT, a.KT, sms);
-  const int64_t max_tiles = sp.max_tiles;
-  const int splits = sp.splits;
-  a.splits = splits;
-  a.kt_per_split = sp.kt_per_split;
-  if (max_tiles <= 0 || a.M == 0) return cudaSuccess;
-  cudaError_t e = cudaSuccess;
-  if (splits > 1)
-    e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&a.ws), size_t(splits) * a.M * a.N * sizeof(float), pool, st);
-  if (e == cudaSuccess) {
-    if (ws_eligible(a)) {
-      e = NT == 16 ? launch_group_ws<16, moe::group_ws_stages(16), moe::kGroupWsBatches>(a, max_tiles, dev, st)
-                   : launch_group_ws<32, moe::group_ws_stages(32), moe::kGroupWsBatches>(a, max_tiles, dev, st);
-    } else
-    switch (NT) {
-      case 16: e = launch_group<16, moe::group_stages(16), moe::pick_tile(16, 1).tile_k>(a, max_tiles, dev, st); break;
-      case 32: e = launch_group<32, moe::group_stages(32), moe::pick_tile(32, 1).tile_k>(a, max_tiles, dev, st); break;
-      case 64: e = launch_group<64, moe::group_stages(64), moe::pick_tile(64, 1).tile_k>(a, max_tiles, dev, st); break;
-      default: e = launch_group<128, moe::group_stages(128), moe::pick_tile(128, 1).tile_k>(a, max_tiles, dev, st); break;
-    }
-  }
-  if (e == cudaSuccess && splits > 1) {
-    a.pdl = false;
-    e = launch_pdl(group_finalize_kernel, dim3(unsigned(moe::group_finalize_blocks(a.M, a.N, sms))), dim3(256), 0, st, a);
-  }
-  if (a.ws) cudaFreeAsync(a.ws, st);
-  return e;
-}
-
 }  // namespace
+
+/// The cp.async kernel of 128 tokens per CTA, in its own translation unit
+/// (sm90_mxfp4_group_gemm_t128.cu).
+cudaError_t launch_group_t128(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st);
+
 }  // namespace lowbit::cuda

@@ -53,6 +53,10 @@ __host__ __device__ constexpr int64_t act_index(int64_t k, int KT) {
   return (k & ~int64_t(KT - 1)) + act_pos(int(k & (KT - 1)), KT);
 }
 
+}  // namespace
+
+/// Kernel parameters. Outside the anonymous namespace: the kernels of 128 tokens per CTA are
+/// instantiated in their own translation unit (sm90_mxfp4_group_gemm_t128.cu).
 enum EpiMode : int {
   kEpiPlain = 0,   ///< out[m, n] = acc (out dtype)
   kEpiSwiglu = 1,  ///< gpt-oss: rows 2f / 2f+1 are gate / up of feature f; bias, clamped SwiGLU
@@ -122,5 +126,4 @@ struct GroupArgs {
   }
 };
 
-}  // namespace
 }  // namespace lowbit::cuda

@@ -34,15 +34,16 @@
 //
 // Files (src/cuda/moe/): heuristics.hpp (tile, stages, split-K: host-only), group_params.cuh
 // (GroupArgs, constants, act_pos), group_prepass.cuh, group_scheduler.cuh (find_tile),
-// group_epilogue.cuh (exact_dot, swiglu, store_pair, finish_tile, split-K finalize),
-// group_mainloop.cuh (cp.async kernel), group_mainloop_ws.cuh (warp-specialized kernel),
-// group_launch.cuh (run_group), mxfp4_prepack.cuh, gpt_oss_mlp.cuh (route, gather, combine). This
-// file holds the entry points and instantiates every kernel.
+// group_epilogue.cuh (exact_dot, swiglu, store_pair, finish_tile), group_mainloop.cuh (cp.async
+// kernel), group_mainloop_ws.cuh (warp-specialized kernel), group_launch.cuh (cp.async kernel
+// launch), group_run.cuh (run_group, split-K finalize), mxfp4_prepack.cuh, gpt_oss_mlp.cuh (route,
+// gather, combine). This file holds the entry points and instantiates every kernel but the cp.async
+// ones of 128 tokens per CTA (sm90_mxfp4_group_gemm_t128.cu).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "cuda/moe/gpt_oss_mlp.cuh"
-#include "cuda/moe/group_launch.cuh"
+#include "cuda/moe/group_run.cuh"
 #include "cuda/moe/mxfp4_prepack.cuh"
 
 namespace lowbit::cuda {
