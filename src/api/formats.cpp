@@ -71,6 +71,21 @@ std::vector<int64_t> scale_shape(const BlockFormat& f, const ScaleLayout& layout
   return {L, Rp, Cp};
 }
 
+/// The NVFP4 per-tensor amax argument: checked, and (`read`: an input, on the host) read once into
+/// `copy`, so that the value checked is the value used. A NaN amax means "no per-tensor scale" to
+/// dequantize (`nan_ok`); quantize refuses it.
+static float* global_amax_arg(Checker& c, const BlockFormat& f, const TensorView& t, bool read, bool nan_ok,
+                             float* copy) {
+  if (!f.has_global_scale()) c.fail("global_amax", "only NVFP4 has a per-tensor scale");
+  c.require(t, Req("global_amax").dtypes({DType::kFloat32}).one_element("one element"));
+  if (!read || t.device != Device::kCPU) return t.ptr<float>();
+  *copy = *t.ptr<float>();
+  if (nan_ok ? *copy < 0.0f : !(*copy >= 0.0f))
+    c.fail("global_amax", std::string("the per-tensor amax must be >= 0") + (nan_ok ? "" : " and not NaN") + ", got " +
+                              std::to_string(*copy));
+  return copy;
+}
+
 void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layout, const TensorView& q,
               const TensorView& scales, const QuantArgs& args, Stream stream) {
   Checker c{"quantize"};
@@ -103,16 +118,8 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
 
   p.zeros = zero_points(c, f, args.zeros, scales, layout, p.sp);
   if (args.global_amax.present()) {
-    if (!f.has_global_scale()) c.fail("global_amax", "only NVFP4 has a per-tensor scale");
-    c.require(args.global_amax, Req("global_amax").dtypes({DType::kFloat32}).one_element("one element"));
-    p.global_amax = args.global_amax.ptr<float>();
     p.compute_global_amax = args.compute_global_amax;
-    if (!p.compute_global_amax && args.global_amax.device == Device::kCPU) {
-      gamax_copy = *p.global_amax;  // read once: the value checked is the value used
-      if (!(gamax_copy >= 0.0f))
-        c.fail("global_amax", "the per-tensor amax must be >= 0 and not NaN, got " + std::to_string(gamax_copy));
-      p.global_amax = &gamax_copy;
-    }
+    p.global_amax = global_amax_arg(c, f, args.global_amax, !p.compute_global_amax, /*nan_ok=*/false, &gamax_copy);
   } else if (args.compute_global_amax) {
     c.fail("global_amax", "compute_global_amax needs a float32 [1] tensor to write the amax into");
   }
@@ -157,16 +164,8 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
   check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
   plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
   p.zeros = zero_points(c, f, args.zeros, scales, layout, p.sp);
-  if (args.global_amax.present()) {
-    if (!f.has_global_scale()) c.fail("global_amax", "only NVFP4 has a per-tensor scale");
-    c.require(args.global_amax, Req("global_amax").dtypes({DType::kFloat32}).one_element("one element"));
-    p.global_amax = args.global_amax.ptr<float>();
-    if (args.global_amax.device == Device::kCPU) {
-      gamax_copy = *p.global_amax;  // read once: the value checked is the value used
-      if (gamax_copy < 0.0f) c.fail("global_amax", "the per-tensor amax must be >= 0, got " + std::to_string(gamax_copy));
-      p.global_amax = &gamax_copy;
-    }
-  }
+  if (args.global_amax.present())
+    p.global_amax = global_amax_arg(c, f, args.global_amax, /*read=*/true, /*nan_ok=*/true, &gamax_copy);
   c.no_overlap({{"out", &out}}, {{"q", &q}, {"scales", &scales}, {"zeros", &args.zeros}, {"global_amax", &args.global_amax},
                                  {"m_indptr", &args.m_indptr}});
   dispatch(c, p, &ref::dequantize, [&] { return cuda::dequantize(p, stream.handle); });
