@@ -157,5 +157,6 @@ void bind_formats(nb::module_& m);  // format functions, quantize / dequantize /
 void bind_kcache(nb::module_& m);   // NF4 + residual K cache
 void bind_gemm(nb::module_& m);     // NVFP4 dual GEMM
 void bind_moe(nb::module_& m);      // MXFP4 grouped GEMM, its prepack, the gpt-oss expert MLP
+// A new family declares its bind_<family> here (attention: bind_attention, bind_attention.cpp).
 
 }  // namespace lowbit_bind
