@@ -1,4 +1,5 @@
-// src/cuda/convert/sm90_quantize.cu: quantize (every block format, every scale layout) and tensor amax.
+// src/cuda/convert/sm90_quantize.cu: quantize (every block format, every scale layout). The amax
+// pass of NVFP4 with compute_global_amax is tensor_amax (sm90_tensor_amax.cu).
 //
 // NOTES:
 //  * Vector kernel: one thread owns 16 consecutive elements of a row (one 16-element chunk:
@@ -11,8 +12,9 @@
 //    No memset pass, no shared-memory staging of the data.
 //  * Generic kernel (blocks that are not 16 * 2^k <= 256 elements, unaligned pointers or
 //    strides): one thread per block, scalar loads. Same scale/padding code.
-//  * NVFP4 with compute_global_amax: cudaMemsetAsync + amax kernel + quantize kernel on one
-//    stream (no host sync); the quantize kernel reads the amax from device memory.
+//  * NVFP4 with compute_global_amax: cudaMemsetAsync + amax kernel (sm90_tensor_amax.cu) +
+//    quantize kernel on one stream (no host sync); the quantize kernel reads the amax from
+//    device memory.
 //  * Element math is lowbit/block_quant.hpp's: compute_block_scale per block; per element the
 //    hardware fp8 conversions (proved equal to encode_e4m3/e5m2 by the exhaustive self-test) or
 //    the fast 4-bit encoders of cuda/common/codecs.cuh. A division by a UE8M0 (power-of-two) scale is
@@ -505,73 +507,6 @@ __global__ void __launch_bounds__(kThreads) quantize_generic_kernel(const QArgs 
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// amax(|x|) over the finite elements into *out as max of bits (NaN and +-Inf ignored, as
-// ref::amax_bits); *out must be zeroed first.
-
-template <DType T, bool kVec>
-__global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t L, int64_t M, int64_t K, int64_t sL,
-                                                        int64_t sM, unsigned* out) {
-  (void)L;
-  uint32_t am = 0;
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
-  if (kVec) {
-    constexpr int kEsz = T == DType::kFloat32 ? 4 : 2;
-    const int64_t cpr = K / 16, total = L * M * cpr;
-    for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < total; u += stride) {
-      const int64_t row = u / cpr, j = u - row * cpr;
-      const int64_t l = row / M, m = row - l * M;
-      dev::Chunk16<T> ch;
-      ch.load(static_cast<const char*>(x) + (l * sL + m * sM + j * 16) * kEsz);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const uint32_t b = finite_abs_bits(ch.get(i));
-        am = b > am ? b : am;
-      }
-    }
-  } else {
-    const int64_t total = L * M * K;
-    for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < total; u += stride) {
-      const int64_t row = u / K, k = u - row * K;
-      const int64_t l = row / M, m = row - l * M;
-      const uint32_t b = finite_abs_bits(load_float(x, T, l * sL + m * sM + k));
-      am = b > am ? b : am;
-    }
-  }
-  am = __reduce_max_sync(0xFFFFFFFFu, am);
-  if ((threadIdx.x & 31) == 0 && am) atomicMax(out, am);
-}
-
-template <DType T>
-cudaError_t launch_amax_t(const void* x, int64_t L, int64_t M, int64_t K, int64_t sL, int64_t sM, float* out,
-                          cudaStream_t s) {
-  const int esz = T == DType::kFloat32 ? 4 : 2;
-  const bool vec = K % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && (M <= 1 || (sM * esz) % 16 == 0) &&
-                   (L <= 1 || (sL * esz) % 16 == 0);
-  const int64_t work = vec ? L * M * (K / 16) : L * M * K;
-  if (vec) {
-    const int64_t g = grid_for(amax_kernel<T, true>, kThreads, work);
-    amax_kernel<T, true><<<unsigned(g), kThreads, 0, s>>>(x, L, M, K, sL, sM, reinterpret_cast<unsigned*>(out));
-  } else {
-    const int64_t g = grid_for(amax_kernel<T, false>, kThreads, work);
-    amax_kernel<T, false><<<unsigned(g), kThreads, 0, s>>>(x, L, M, K, sL, sM, reinterpret_cast<unsigned*>(out));
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t launch_amax(const void* x, DType t, int64_t L, int64_t M, int64_t K, int64_t sL, int64_t sM, float* out,
-                        cudaStream_t s) {
-  cudaError_t e = cudaMemsetAsync(out, 0, sizeof(float), s);
-  if (e != cudaSuccess) return e;
-  if (L * M * K == 0) return cudaSuccess;
-  switch (t) {
-    case DType::kFloat32: return launch_amax_t<DType::kFloat32>(x, L, M, K, sL, sM, out, s);
-    case DType::kFloat16: return launch_amax_t<DType::kFloat16>(x, L, M, K, sL, sM, out, s);
-    case DType::kBFloat16: return launch_amax_t<DType::kBFloat16>(x, L, M, K, sL, sM, out, s);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 template <typename Kernel>
 cudaError_t launch_q(Kernel k, const QArgs& a, int64_t units, size_t smem, cudaStream_t s) {
   if (const cudaError_t e = opt_in_smem(k, smem); e != cudaSuccess) return e;
@@ -607,17 +542,13 @@ bool aligned(const void* p, int64_t a) { return reinterpret_cast<uintptr_t>(p) %
 
 }  // namespace
 
-int tensor_amax(const void* x, DType t, int64_t L, int64_t M, int64_t K, int64_t sL, int64_t sM, float* out,
-                void* stream) {
-  return launch_amax(x, t, L, M, K, sL, sM, out, static_cast<cudaStream_t>(stream));
-}
-
 int quantize(const QuantPlan& p, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const BlockFormat& f = p.f;
   if (f.rule == ScaleRule::kNvfp4 && p.global_amax && p.compute_global_amax) {
-    const cudaError_t e = launch_amax(p.x, p.x_dtype, p.L, p.M, p.K, p.x_sL, p.x_sM, p.global_amax, s);
-    if (e != cudaSuccess) return e;
+    // NOTE: the amax pass (sm90_tensor_amax.cu) zeroes *global_amax and runs first on the same stream.
+    const int e = tensor_amax(p.x, p.x_dtype, p.L, p.M, p.K, p.x_sL, p.x_sM, p.global_amax, stream);
+    if (e != 0) return e;
   }
   QArgs a;
   a.p = p;
