@@ -11,10 +11,10 @@
 #include <cstdint>
 
 #include "cuda/common/sm90_gemm_common.cuh"
-#include "cuda/gemm/launch_gemm.hpp"
 #include "cuda/moe/heuristics.hpp"
+#include "cuda/moe/launch_moe.hpp"
 #include "lowbit/block_quant.hpp"
-#include "lowbit/gemm.hpp"
+#include "lowbit/moe.hpp"
 #include "lowbit/mxfp4_pack.hpp"
 
 namespace lowbit::cuda {
