@@ -6,9 +6,9 @@
 #include "api/check.hpp"
 #include "api/device.hpp"
 #include "api/group_gemm.hpp"
-#include "lowbit/gemm.hpp"
-#include "ref/ref_gemm.hpp"
-#include "cuda/gemm/launch_gemm.hpp"  // declarations only: called (and defined) only in CUDA + CUTLASS builds
+#include "lowbit/moe.hpp"
+#include "ref/ref_moe.hpp"
+#include "cuda/moe/launch_moe.hpp"  // declarations only: called (and defined) only in CUDA + CUTLASS builds
 
 namespace lowbit {
 using namespace detail;

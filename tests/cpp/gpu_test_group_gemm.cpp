@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gpu_test_util.hpp"
-#include "lowbit/gemm.hpp"
+#include "lowbit/moe.hpp"
 #include "ref_formats.hpp"
 
 using namespace lowbit;

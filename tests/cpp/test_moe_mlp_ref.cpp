@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "lowbit/gemm.hpp"
+#include "lowbit/moe.hpp"
 #include "ref_formats.hpp"
 
 using namespace lowbit;

@@ -1,8 +1,8 @@
 // src/cuda/common/sm90_gemm_common.cuh: building blocks shared by the sm_90a GEMM kernels:
 // cp.async, the bf16 RS wgmma of 64 weight rows x NT tokens x 16, 128B-swizzled K-major
-// descriptors, mbarriers and TMA loads. The launch helpers (PDL, shared-memory opt-in, SM count)
-// and the TMA descriptors are in launch_utils.cuh, device_info.cuh and tma.cuh, included here
-// for the kernels that use them.
+// descriptors, mbarriers (forwarding to CUTLASS's), TMA loads and the async-proxy fence. The launch
+// helpers (PDL, shared-memory opt-in, SM count) and the TMA descriptors are in launch_utils.cuh,
+// device_info.cuh and tma.cuh, included here for the kernels that use them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +11,7 @@
 #include <utility>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
 
 #include "cuda/common/device_info.cuh"
 #include "cuda/common/launch_utils.cuh"
@@ -83,42 +84,72 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr) {
 }
 
 // ---- mbarriers and bulk tensor copies (TMA), CTA scope ----
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+// The mbarrier operations are CUTLASS's (cutlass/arch/barrier.h), behind lowbit's names and
+// 32-bit shared-window addresses. CUTLASS's asm statements carry no "memory" clobber, so each
+// forwarder whose hand-written form had one brackets the call with compiler_fence(): plain
+// shared-memory loads and stores are not moved across the barrier operation (the consumers read
+// the stages with ordinary loads, not only with wgmma).
+using Barrier = cutlass::arch::ClusterTransactionBarrier;
+
+/// Compiler-only ordering point (no instruction): what a "memory" clobber on the asm gives.
+__device__ __forceinline__ void compiler_fence() { asm volatile("" ::: "memory"); }
+/// The barrier at shared-window address `bar` as CUTLASS takes it (the conversion folds away).
+// NOTE: the kernels keep 32-bit barrier addresses: pointer arithmetic on the barrier array gave
+// different address code in the warp-specialized kernel's SASS.
+__device__ __forceinline__ uint64_t* bar_ptr(uint32_t bar) {
+  return static_cast<uint64_t*>(__cvta_shared_to_generic(bar));
 }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) { Barrier::init(bar_ptr(bar), count); }
 /// Makes the barrier initialisations visible to the async proxy (TMA) and the other threads
 /// (followed by a CTA barrier).
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_init_fence() {
+  compiler_fence();
+  cutlass::arch::fence_barrier_init();
+  compiler_fence();
+}
 /// One arrival that also announces `bytes` of transactions (TMA completions) for the phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+  compiler_fence();
+  Barrier::arrive_and_expect_tx(bar_ptr(bar), bytes);
+  compiler_fence();
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  compiler_fence();
+  Barrier::arrive(bar_ptr(bar));
+  compiler_fence();
 }
 /// An arrival made when the calling thread's earlier cp.async copies have landed (counted in the
 /// barrier's initial arrival count).
 __device__ __forceinline__ void mbar_cp_async_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+  compiler_fence();
+  cutlass::arch::cpasync_barrier_arrive_noinc(bar_ptr(bar));
+  compiler_fence();
 }
 /// Blocks until the barrier's phase of parity `parity` has completed.
+// NOTE: a C++ loop around try_wait, not Barrier::wait: that one spins inside one asm block with a
+// suspend-time hint, which is a different wait loop in SASS.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
+  compiler_fence();
+  while (!Barrier::try_wait(bar_ptr(bar), parity)) {
+  }
+  compiler_fence();
 }
 /// 2D tile of a tensor map (coordinates: x innermost, in elements) into shared memory; completion
 /// is counted in bytes on `bar`.
+// NOTE: hand-written: cute::SM90_TMA_LOAD_2D always adds an .L2::cache_hint operand; this load has none.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int32_t x, int32_t y, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(tmap), "r"(x), "r"(y), "r"(bar)
       : "memory");
+}
+/// Orders this thread's generic-proxy shared-memory writes (cp.async results) before the async
+/// proxy's reads (wgmma operands from shared memory); followed by a CTA barrier.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  compiler_fence();
+  cutlass::arch::fence_view_async_shared();
+  compiler_fence();
 }
 
 }  // namespace lowbit::cuda::gemm

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
   const int g = 16 * warp + (lane >> 2);
   for (int64_t it = 0; it < nkt; ++it) {
     cp_async_wait<kStages - 2>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_proxy_async_smem();
     __syncthreads();
     if (it + kStages - 1 < nkt) load_stage(it + kStages - 1);
     cp_async_commit();

@@ -1,4 +1,5 @@
-// src/cuda/gemm/dual_params.cuh: constants and kernel parameters (MainArgs) of the NVFP4 dual GEMM.
+// src/cuda/gemm/dual_params.cuh: constants and kernel parameters (MainArgs, make_dual_params) of the
+// NVFP4 dual GEMM.
 // The design and the exactness argument: sm90_nvfp4_dual_gemm.cu.
 #pragma once
 
@@ -33,6 +34,13 @@ struct MainArgs {
   int splits;
   int k_tiles_per_split;
 };
+
+/// The mainloop kernel's parameters of a validated plan: the prepacked weights, the activation
+/// pre-pass's bf16 rows, the split-K workspace (null when cfg.splits == 1) and the split.
+inline MainArgs make_dual_params(const DualGemmPlan& p, const uint8_t* packed, const uint16_t* act, float* ws,
+                                 const DualConfig& cfg) {
+  return MainArgs{p, packed, act, ws, cfg.splits, cfg.kt_per_split};
+}
 
 }  // namespace
 }  // namespace lowbit::cuda

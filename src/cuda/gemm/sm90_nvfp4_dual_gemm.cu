@@ -21,10 +21,11 @@
 //  * A multi-stage cp.async pipeline feeds shared memory; split-K with a deterministic reduction
 //    fills the GPU when M is small.
 //
-// Files (src/cuda/gemm/): heuristics.hpp (tile, stages, split-K: host-only), dual_params.cuh
-// (MainArgs, constants), dual_prepack.cuh (weight prepack, activation pre-pass), dual_mainloop.cuh,
-// dual_epilogue.cuh (SiLU * up, split-K finalize), dual_launch.cuh. This file holds the entry points
-// and instantiates every kernel.
+// Files (src/cuda/gemm/): launch_gemm.hpp (the launchers' declarations), heuristics.hpp (tile,
+// stages, split-K: host-only), dual_params.cuh (MainArgs, constants, make_dual_params),
+// dual_prepack.cuh (weight prepack, activation pre-pass), dual_mainloop.cuh, dual_epilogue.cuh
+// (SiLU * up, split-K finalize), dual_launch.cuh. This file holds the entry points and instantiates
+// every kernel.
 #include <cuda_runtime.h>
 
 #include "cuda/common/workspace.cuh"
@@ -55,7 +56,6 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
   const DualConfig cfg = dual_config(p.M, p.N, p.K, p.L, sms);
   const int NT = cfg.tile_n;
   const int splits = cfg.splits;
-  const int per = cfg.kt_per_split;
 
   if (!packed) {
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&own_packed), size_t(lowbit::nvfp4_dual_gemm_packed_bytes(p.N, p.K, p.L)), pool, st);
@@ -72,7 +72,7 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
   if (e == cudaSuccess && splits > 1)
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ws), size_t(splits) * p.L * p.M * p.N * 2 * sizeof(float), pool, st);
   if (e == cudaSuccess) {
-    MainArgs a{p, packed, act, ws, splits, per};
+    const MainArgs a = make_dual_params(p, packed, act, ws, cfg);
     switch (NT) {
       case 16: e = launch_main<16, dual_stages(16)>(a, dev, st); break;
       case 32: e = launch_main<32, dual_stages(32)>(a, dev, st); break;

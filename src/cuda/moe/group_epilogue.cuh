@@ -32,14 +32,14 @@ __device__ float exact_dot(const GroupArgs& A, int64_t g, int64_t R, int64_t m, 
 }
 
 __device__ __forceinline__ float load_bias(const GroupArgs& A, int64_t g, int64_t n) {
-  return load_float(A.bias, A.bias_dtype, g * A.bias_sG + n);
+  return load_float(A.mlp.bias, A.mlp.bias_dtype, g * A.mlp.bias_sG + n);
 }
 
 /// gpt-oss clamped SwiGLU of one feature (FORMATS.md section 8), as the reference computes it.
 __device__ __forceinline__ float swiglu(const GroupArgs& A, float hg, float hu) {
-  const float g = hg < A.limit ? hg : A.limit;
-  const float u = hu < -A.limit ? -A.limit : (hu > A.limit ? A.limit : hu);
-  return g * (1.0f / (1.0f + expf(-A.alpha * g))) * (u + 1.0f);
+  const float g = hg < A.mlp.limit ? hg : A.mlp.limit;
+  const float u = hu < -A.mlp.limit ? -A.mlp.limit : (hu > A.mlp.limit ? A.mlp.limit : hu);
+  return g * (1.0f / (1.0f + expf(-A.mlp.alpha * g))) * (u + 1.0f);
 }
 
 /// Final store of kernel rows (R, R + 8) for token m, group g.
@@ -48,8 +48,8 @@ __device__ __forceinline__ void store_pair(const GroupArgs& A, int64_t g, int64_
     const int64_t f = (R >> 4) * 8 + (R & 7);  // feature: stored rows 2f (gate) and 2f + 1 (up)
     if (2 * f + 1 >= A.N) return;
     const float y = swiglu(A, v0 + load_bias(A, g, 2 * f), v1 + load_bias(A, g, 2 * f + 1));
-    if (A.out_act_layout)
-      static_cast<uint16_t*>(A.out)[m * A.o_sM + act_index(f, A.out_kt)] = encode_bf16(y);
+    if (A.mlp.out_act_layout)
+      static_cast<uint16_t*>(A.out)[m * A.o_sM + act_index(f, A.mlp.out_kt)] = encode_bf16(y);
     else
       static_cast<float*>(A.out)[m * A.o_sM + f] = y;
     return;

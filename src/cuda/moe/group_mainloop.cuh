@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   const uint64_t desc0 = desc_sw128(smem_base);
   for (int64_t it = 0; it < nkt; ++it) {
     cp_async_wait<kStages - 2>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_proxy_async_smem();
     __syncthreads();
     if (it + kStages - 1 < nkt) {
       load_weights(it + kStages - 1);

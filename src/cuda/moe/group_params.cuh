@@ -11,10 +11,10 @@
 #include <cstdint>
 
 #include "cuda/common/sm90_gemm_common.cuh"
-#include "cuda/gemm/launch_gemm.hpp"
 #include "cuda/moe/heuristics.hpp"
+#include "cuda/moe/launch_moe.hpp"
 #include "lowbit/block_quant.hpp"
-#include "lowbit/gemm.hpp"
+#include "lowbit/moe.hpp"
 #include "lowbit/mxfp4_pack.hpp"
 
 namespace lowbit::cuda {
@@ -63,6 +63,17 @@ enum EpiMode : int {
   kEpiBias = 2,    ///< out[m, n] = acc + bias[g, n] (fp32)
 };
 
+/// The gpt-oss MLP's epilogue (kEpiSwiglu, kEpiBias): only make_mlp_params sets it; the plain
+/// grouped GEMM leaves the defaults.
+struct MlpEpilogue {
+  bool out_act_layout = false;  ///< kEpiSwiglu: write bf16 in act_pos order (the next GEMM's A)
+  int out_kt = 64;              ///< that GEMM's KT
+  const void* bias = nullptr;
+  DType bias_dtype = DType::kFloat32;
+  int64_t bias_sG = 0;
+  float alpha = 1.702f, limit = 7.0f;
+};
+
 struct GroupArgs {
   int64_t M = 0, N = 0, K = 0, G = 0, Kp = 0;  ///< N: weight rows; Kp: act row pitch (K rounded to KT)
   int NT = 16, KT = 64;                          ///< tokens per CTA, K per stage
@@ -90,12 +101,7 @@ struct GroupArgs {
   void* out = nullptr;
   DType out_dtype = DType::kBFloat16;
   int64_t o_sM = 0;
-  bool out_act_layout = false;  ///< kEpiSwiglu: write bf16 in act_pos order (the next GEMM's A)
-  int out_kt = 64;              ///< that GEMM's KT
-  const void* bias = nullptr;
-  DType bias_dtype = DType::kFloat32;
-  int64_t bias_sG = 0;
-  float alpha = 1.702f, limit = 7.0f;
+  MlpEpilogue mlp;
   bool pdl = false;  ///< launched behind the activation pre-pass: weights are fetched before waiting for it
   float* ws = nullptr;  ///< split-K partials [splits][M][N]
   int splits = 1;
@@ -125,5 +131,88 @@ struct GroupArgs {
     return decode_e2m1(uint8_t(code)) * decode_ue8m0(*wscale_ptr(g, n, k >> 5));
   }
 };
+
+/// The grouped GEMM's parameters of a validated plan: sizes, the tile (moe::pick_tile), weights,
+/// groups, the original A (the exact fallback's source) and the plain epilogue. The launch fills
+/// in the rest: act / tok_scale / tok_flag / strip / pdl (the activation pre-pass) and
+/// ws / splits / kt_per_split (run_group).
+inline GroupArgs make_group_params(const GroupGemmPlan& p) {
+  GroupArgs a;
+  a.M = p.M;
+  a.N = p.N;
+  a.K = p.K;
+  a.G = p.G;
+  const moe::GroupTile t = moe::pick_tile(p.M, p.G);
+  a.NT = t.tile_n;
+  a.KT = t.tile_k;
+  a.Kp = (p.K + a.KT - 1) / a.KT * a.KT;
+  a.b = p.b;
+  a.b_sG = p.b_sG;
+  a.b_sN = p.b_sN;
+  a.packed = p.b_packed;
+  a.bs = p.b_scale;
+  a.bs_blocked = p.spb.layout.kind == ScaleLayoutKind::kBlocked128x4;
+  a.bs_sG = p.spb.batch_stride;
+  a.bs_sN = p.spb.cols;
+  a.spb = p.spb;
+  a.m_indptr = p.m_indptr;
+  a.indptr64 = p.indptr64;
+  a.a = p.a;
+  a.a_dtype = p.a_dtype;
+  a.a_sM = p.a_sM;
+  a.a_scale = p.a_scale;
+  a.spa = p.spa;
+  a.mode = kEpiPlain;
+  a.out = p.out;
+  a.out_dtype = p.out_dtype;
+  a.o_sM = p.o_sM;
+  return a;
+}
+
+/// The gpt-oss MLP's two grouped GEMMs.
+enum class MlpGemm {
+  kGateUp,  ///< [rows, H] x w1 -> 2I rows of gate / up, + b1, SwiGLU (kEpiSwiglu)
+  kDown,    ///< [rows, I] x w2 -> H, + b2 (kEpiBias)
+};
+
+/// Parameters of one of the gpt-oss MLP's GEMMs over the expert-sorted rows (`indptr`: int32 [E+1]
+/// on the device, `rows` an upper bound of indptr[E]), tile NT x KT (both GEMMs share it), A from
+/// `act` (act_pos order, no exact-fallback source), weights and scales row-major from the plan,
+/// output `out` with row pitch `o_sM` (kGateUp: bf16 in the down GEMM's act_pos order when
+/// `out_act_layout`, else fp32; kDown: fp32). The launch fills in ws / splits / kt_per_split.
+inline GroupArgs make_mlp_params(const MoeMlpPlan& p, MlpGemm gemm, const int32_t* indptr, int64_t rows, int NT,
+                                 int KT, const uint16_t* act, void* out, int64_t o_sM, bool out_act_layout) {
+  const bool up = gemm == MlpGemm::kGateUp;
+  GroupArgs a;
+  a.m_indptr = indptr;
+  a.indptr64 = false;
+  a.G = p.E;
+  a.M = rows;
+  a.NT = NT;
+  a.KT = KT;
+  a.bs_blocked = false;
+  a.packed = p.packed;
+  a.N = up ? 2 * p.I : p.H;
+  a.K = up ? p.H : p.I;
+  a.Kp = (a.K + KT - 1) / KT * KT;
+  a.b = up ? p.w1 : p.w2;
+  a.b_sG = up ? p.w1_sE : p.w2_sE;
+  a.b_sN = up ? p.w1_sR : p.w2_sR;
+  a.bs = up ? p.w1s : p.w2s;
+  a.bs_sG = up ? p.w1s_sE : p.w2s_sE;
+  a.bs_sN = up ? p.w1s_sR : p.w2s_sR;
+  a.act = act;
+  a.mode = up ? kEpiSwiglu : kEpiBias;
+  a.out = out;
+  a.o_sM = o_sM;
+  a.mlp.out_act_layout = out_act_layout;
+  a.mlp.out_kt = KT;
+  a.mlp.bias = up ? p.b1 : p.b2;
+  a.mlp.bias_dtype = up ? p.b1_dtype : p.b2_dtype;
+  a.mlp.bias_sG = up ? p.b1_sE : p.b2_sE;
+  a.mlp.alpha = p.alpha;
+  a.mlp.limit = p.limit;
+  return a;
+}
 
 }  // namespace lowbit::cuda

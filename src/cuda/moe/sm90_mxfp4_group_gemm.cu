@@ -32,13 +32,15 @@
 // group_gemm_mxfp4_prepack (lowbit/mxfp4_pack.hpp) decode with fewer instructions; with 16 or 32
 // tokens per tile they run the warp-specialized kernel (TMA producer warp, mbarrier stages).
 //
-// Files (src/cuda/moe/): heuristics.hpp (tile, stages, split-K: host-only), group_params.cuh
-// (GroupArgs, constants, act_pos), group_prepass.cuh, group_scheduler.cuh (find_tile),
-// group_epilogue.cuh (exact_dot, swiglu, store_pair, finish_tile), group_mainloop.cuh (cp.async
-// kernel), group_mainloop_ws.cuh (warp-specialized kernel), group_launch.cuh (cp.async kernel
-// launch), group_run.cuh (run_group, split-K finalize), mxfp4_prepack.cuh, gpt_oss_mlp.cuh (route,
-// gather, combine). This file holds the entry points and instantiates every kernel but the cp.async
-// ones of 128 tokens per CTA (sm90_mxfp4_group_gemm_t128.cu).
+// Files (src/cuda/moe/): launch_moe.hpp (the launchers' declarations), heuristics.hpp (tile,
+// stages, split-K: host-only), group_params.cuh (GroupArgs, constants, act_pos, make_group_params
+// from a GroupGemmPlan, make_mlp_params for the MLP's two GEMMs), group_prepass.cuh,
+// group_scheduler.cuh (find_tile), group_epilogue.cuh (exact_dot, swiglu, store_pair, finish_tile),
+// group_mainloop.cuh (cp.async kernel), group_mainloop_ws.cuh (warp-specialized kernel),
+// group_launch.cuh (cp.async kernel launch), group_run.cuh (run_group, split-K finalize),
+// mxfp4_prepack.cuh, gpt_oss_mlp.cuh (route, gather, combine). This file holds the entry points
+// and instantiates every kernel but the cp.async ones of 128 tokens per CTA
+// (sm90_mxfp4_group_gemm_t128.cu).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -53,19 +55,7 @@ int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
   cudaMemPool_t pool = nullptr;
   if (cudaError_t pe = workspace_pool(&pool); pe != cudaSuccess) return int(pe);
   if (p.M == 0) return 0;
-  GroupArgs a;
-  a.M = p.M; a.N = p.N; a.K = p.K; a.G = p.G;
-  pick_tile(p.M, p.G, &a.NT, &a.KT);
-  a.Kp = (p.K + a.KT - 1) / a.KT * a.KT;
-  a.b = p.b; a.b_sG = p.b_sG; a.b_sN = p.b_sN; a.packed = p.b_packed;
-  a.bs = p.b_scale;
-  a.bs_blocked = p.spb.layout.kind == ScaleLayoutKind::kBlocked128x4;
-  a.bs_sG = p.spb.batch_stride;
-  a.bs_sN = p.spb.cols;
-  a.spb = p.spb;
-  a.m_indptr = p.m_indptr; a.indptr64 = p.indptr64;
-  a.a = p.a; a.a_dtype = p.a_dtype; a.a_sM = p.a_sM; a.a_scale = p.a_scale; a.spa = p.spa;
-  a.mode = kEpiPlain; a.out = p.out; a.out_dtype = p.out_dtype; a.o_sM = p.o_sM;
+  GroupArgs a = make_group_params(p);
 
   uint16_t* act = nullptr;
   // act [M][Kp] bf16, tok_scale [M] fp32, tok_flag [M][Kp/64] bytes
@@ -140,45 +130,17 @@ int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
                    (const int32_t*)src_slot, (const float*)nullptr, p.H, Hp, KT, act1);
   }
   if (e == cudaSuccess && !p.act_mxfp8 && Ip != p.I) e = cudaMemsetAsync(act2, 0, size_t(rows * Ip * 2), st);
-  GroupArgs a;
-  a.m_indptr = indptr;
-  a.indptr64 = false;
-  a.G = p.E;
-  a.M = rows;
-  a.NT = NT;
-  a.KT = KT;
-  a.out_kt = KT;
-  a.bs_blocked = false;
-  a.packed = p.packed;
-  if (e == cudaSuccess) {  // gate_up: [rows, 2I] -> SwiGLU -> y
-    a.N = 2 * p.I; a.K = p.H; a.Kp = Hp;
-    a.b = p.w1; a.b_sG = p.w1_sE; a.b_sN = p.w1_sR;
-    a.bs = p.w1s; a.bs_sG = p.w1s_sE; a.bs_sN = p.w1s_sR;
-    a.act = act1;
-    a.mode = kEpiSwiglu;
-    a.bias = p.b1; a.bias_dtype = p.b1_dtype; a.bias_sG = p.b1_sE;
-    a.alpha = p.alpha; a.limit = p.limit;
-    if (p.act_mxfp8) {
-      a.out = y; a.o_sM = p.I; a.out_act_layout = false;
-    } else {
-      a.out = act2; a.o_sM = Ip; a.out_act_layout = true;
-    }
-    e = run_group(a, rows, pool, st);
+  if (e == cudaSuccess) {  // gate_up: [rows, 2I] -> SwiGLU -> y (fp32, MXFP8 activations) or act2
+    const GroupArgs up = p.act_mxfp8 ? make_mlp_params(p, MlpGemm::kGateUp, indptr, rows, NT, KT, act1, y, p.I, false)
+                                     : make_mlp_params(p, MlpGemm::kGateUp, indptr, rows, NT, KT, act1, act2, Ip, true);
+    e = run_group(up, rows, pool, st);
   }
   if (e == cudaSuccess && p.act_mxfp8) {
     e = launch_pdl(prep_rows_kernel, dim3(prep_grid), dim3(256), 0, st, p, (const int32_t*)indptr,
                    (const int32_t*)src_slot, (const float*)y, p.I, Ip, KT, act2);
   }
-  if (e == cudaSuccess) {  // down: [rows, H] + b2 -> o (fp32)
-    a.N = p.H; a.K = p.I; a.Kp = Ip;
-    a.b = p.w2; a.b_sG = p.w2_sE; a.b_sN = p.w2_sR;
-    a.bs = p.w2s; a.bs_sG = p.w2s_sE; a.bs_sN = p.w2s_sR;
-    a.act = act2;
-    a.mode = kEpiBias;
-    a.bias = p.b2; a.bias_dtype = p.b2_dtype; a.bias_sG = p.b2_sE;
-    a.out = o; a.o_sM = p.H; a.out_act_layout = false;
-    e = run_group(a, rows, pool, st);
-  }
+  if (e == cudaSuccess)  // down: [rows, H] + b2 -> o (fp32)
+    e = run_group(make_mlp_params(p, MlpGemm::kDown, indptr, rows, NT, KT, act2, o, p.H, false), rows, pool, st);
   if (e == cudaSuccess) {
     const int64_t n = p.T * p.H;
     e = launch_pdl(combine_kernel, dim3(unsigned(n / 256 + 1 < 8 * int64_t(sms) ? n / 256 + 1 : 8 * int64_t(sms))),

@@ -1,0 +1,79 @@
+// src/core/plan_moe.hpp: plans of the MXFP4 grouped GEMM, its weight prepack and the gpt-oss expert
+// MLP. Part of core/plan.hpp: validated values, implementations trust them.
+#pragma once
+
+#include "core/plan_formats.hpp"
+#include "lowbit/mxfp4_pack.hpp"
+
+namespace lowbit::detail {
+
+struct GroupGemmPlan {
+  int64_t M = 0, N = 0, K = 0, G = 0;
+  const void* a = nullptr;
+  DType a_dtype = DType::kE4M3;  ///< kE4M3 / kE5M2 (MXFP8) or kBFloat16
+  int64_t a_sM = 0;
+  const uint8_t* a_scale = nullptr;  ///< null for bf16 A
+  ScalePlan spa;                     ///< cum_m x K/32 (grouped or row-major)
+  const uint8_t* b = nullptr;
+  int64_t b_sG = 0, b_sN = 0;
+  bool b_packed = false;  ///< b / b_scale in the group_gemm_mxfp4_prepack layout (spb: row-major Np x Kp/32)
+  const uint8_t* b_scale = nullptr;
+  ScalePlan spb;  ///< N x K/32 per group (batch = group)
+  const void* m_indptr = nullptr;
+  bool indptr64 = false;
+  void* out = nullptr;
+  DType out_dtype = DType::kBFloat16;
+  int64_t o_sM = 0;
+
+  LOWBIT_HOST_DEVICE int64_t bound(int64_t g) const {
+    return indptr64 ? static_cast<const int64_t*>(m_indptr)[g] : int64_t(static_cast<const int32_t*>(m_indptr)[g]);
+  }
+};
+
+/// group_gemm_mxfp4_prepack: plain b [G, N, K/2] (+ scales in spb) -> packed_b [G, Np, Kp/2],
+/// packed_scale [G, Np, Kp/32] (contiguous, lowbit/mxfp4_pack.hpp).
+struct Mxfp4PackPlan {
+  int64_t G = 0, N = 0, K = 0;
+  const uint8_t* b = nullptr;
+  int64_t b_sG = 0, b_sN = 0;
+  const uint8_t* b_scale = nullptr;
+  ScalePlan spb;
+  uint8_t* packed_b = nullptr;
+  uint8_t* packed_scale = nullptr;
+
+  /// Packed word w (elements 8w .. 8w+7) of padded row n of expert g (zero beyond N and K).
+  LOWBIT_HOST_DEVICE uint32_t word(int64_t g, int64_t n, int64_t w) const {
+    if (n >= N || 8 * w >= K) return 0;
+    const uint8_t* src = b + g * b_sG + n * b_sN + 4 * w;
+    return mxfp4_pack_word(uint32_t(src[0]) | (uint32_t(src[1]) << 8) | (uint32_t(src[2]) << 16) |
+                           (uint32_t(src[3]) << 24));
+  }
+  /// Packed scale byte of MX block c of padded row n of expert g.
+  LOWBIT_HOST_DEVICE uint8_t scale(int64_t g, int64_t n, int64_t c) const {
+    return n < N && c < K / 32 ? b_scale[spb.offset(g, n, c)] : kMxfp4PackPadScale;
+  }
+};
+
+struct MoeMlpPlan {
+  int64_t T = 0, H = 0, I = 0, E = 0, topk = 0;
+  const void* x = nullptr;
+  DType x_dtype = DType::kBFloat16;
+  int64_t x_sT = 0;
+  const int32_t* ids = nullptr;
+  int64_t ids_sT = 0;
+  const float* weights = nullptr;
+  int64_t w_sT = 0;
+  const uint8_t *w1 = nullptr, *w1s = nullptr, *w2 = nullptr, *w2s = nullptr;
+  int64_t w1_sE = 0, w1_sR = 0, w1s_sE = 0, w1s_sR = 0, w2_sE = 0, w2_sR = 0, w2s_sE = 0, w2s_sR = 0;
+  const void *b1 = nullptr, *b2 = nullptr;
+  DType b1_dtype = DType::kFloat32, b2_dtype = DType::kFloat32;
+  int64_t b1_sE = 0, b2_sE = 0;
+  float alpha = 1.702f, limit = 7.0f;
+  bool act_mxfp8 = false;
+  bool packed = false;  ///< w1 / w2 and their scales in the group_gemm_mxfp4_prepack layout
+  void* out = nullptr;
+  DType out_dtype = DType::kBFloat16;
+  int64_t o_sT = 0;
+};
+
+}  // namespace lowbit::detail

@@ -1,0 +1,17 @@
+// src/cuda/moe/launch_moe.hpp: host launchers of the sm_90a MXFP4 grouped GEMM, its weight prepack
+// and the gpt-oss expert MLP (built only with the CUTLASS/CuTe headers). They trust the validated
+// plans, never throw, and return a cudaError_t as int.
+#pragma once
+
+#include "core/plan_moe.hpp"
+
+namespace lowbit::cuda {
+
+/// MXFP4-weight grouped GEMM (MXFP8 or bf16 activations), groups from a device m_indptr.
+int group_gemm_mxfp4(const detail::GroupGemmPlan& p, void* stream);
+/// group_gemm_mxfp4_prepack on the device (same bytes as ref::mxfp4_prepack).
+int mxfp4_prepack(const detail::Mxfp4PackPlan& p, void* stream);
+/// The gpt-oss expert MLP (route, gather, gate_up + SwiGLU, down, weighted sum) on the device.
+int gpt_oss_moe_mlp(const detail::MoeMlpPlan& p, void* stream);
+
+}  // namespace lowbit::cuda
