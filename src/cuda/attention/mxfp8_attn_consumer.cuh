@@ -139,13 +139,9 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
   float mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const uint32_t q_addr = cute::cast_smem_ptr_to_uint(sm.q(wgc));
 
-  for (int t = 0; t < n_tiles; ++t) {
-    const uint32_t gt = g + t;
-    const int st = gt % T::kStages;
-    const uint32_t ph = (gt / T::kStages) & 1;
-    cutlass::arch::ClusterBarrier::wait(sm.conv_full(st), ph);
-
-    float sacc[kS];
+  // Per tile t: S(t) = Q' K'(t)^T and O += P(t-1) V'(t-1) are issued together; the softmax of
+  // S(t) runs while the tensor cores do the PV product of the previous tile.
+  auto issue_qk = [&](float (&sacc)[kS], int st) {
     const uint32_t k_addr = cute::cast_smem_ptr_to_uint(sm.k(st));
     fence_acc(sacc);
     cute::warpgroup_arrive();
@@ -156,9 +152,24 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
       qk_mma<kBlockN>(da, db, sacc, kk > 0, std::make_index_sequence<kS>{});
     }
     cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<0>();
-    fence_acc(sacc);
-
+  };
+  uint32_t pa[kBlockN / 16][4];  // P of the previous tile as bf16 A fragments
+  auto issue_pv = [&](int st) {
+    const uint32_t v_addr = cute::cast_smem_ptr_to_uint(sm.v(st));
+    fence_acc(o);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kc = 0; kc < kBlockN / 16; ++kc) {
+      pv_mma<kD>(pa[kc], smem_desc_mn(v_addr + kc * 16 * 128, kBlockN * 128), o, std::make_index_sequence<kO>{});
+    }
+    cute::warpgroup_commit_batch();
+  };
+  auto release = [&](int st) {
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(sm.conv_empty(st));
+  };
+  // The online softmax of tile t: sacc becomes P (fp32), returns the rescale factors of O.
+  auto softmax = [&](float (&sacc)[kS], int t, float& alpha0, float& alpha1) {
     // Masks: keys past the sequence, and (causal) keys after a row's diagonal.
     const int key0 = t * kBlockN;
     const bool masked_tile = key0 + kBlockN > s.len_k || (p.causal && key0 + kBlockN - 1 > row_base + diag);
@@ -186,8 +197,8 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 1));
     tmax1 = fmaxf(tmax1, __shfl_xor_sync(0xffffffffu, tmax1, 2));
     const float mn0 = fmaxf(mx0, tmax0 * rf0), mn1 = fmaxf(mx1, tmax1 * rf1);
-    const float alpha0 = mn0 == -INFINITY ? 1.f : exp2f(mx0 - mn0);
-    const float alpha1 = mn1 == -INFINITY ? 1.f : exp2f(mx1 - mn1);
+    alpha0 = mn0 == -INFINITY ? 1.f : fast_exp2(mx0 - mn0);
+    alpha1 = mn1 == -INFINITY ? 1.f : fast_exp2(mx1 - mn1);
     const float mb0 = mn0 == -INFINITY ? 0.f : mn0;
     const float mb1 = mn1 == -INFINITY ? 0.f : mn1;
     mx0 = mn0;
@@ -197,8 +208,8 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     for (int j = 0; j < kS / 4; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float p0 = exp2f(fmaf(sacc[4 * j + e], rf0, -mb0));
-        float p1 = exp2f(fmaf(sacc[4 * j + 2 + e], rf1, -mb1));
+        float p0 = fast_exp2(fmaf(sacc[4 * j + e], rf0, -mb0));
+        float p1 = fast_exp2(fmaf(sacc[4 * j + 2 + e], rf1, -mb1));
         if (masked_tile) {
           if (sacc[4 * j + e] == -INFINITY) p0 = 0.f;
           if (sacc[4 * j + 2 + e] == -INFINITY) p1 = 0.f;
@@ -211,15 +222,9 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     }
     l0 = l0 * alpha0 + ps0;
     l1 = l1 * alpha1 + ps1;
-#pragma unroll
-    for (int j = 0; j < kO / 4; ++j) {
-      o[4 * j] *= alpha0;
-      o[4 * j + 1] *= alpha0;
-      o[4 * j + 2] *= alpha1;
-      o[4 * j + 3] *= alpha1;
-    }
-    // P as the bf16 A fragments: k16 chunk kc is n8 blocks 2kc, 2kc+1 of the accumulator.
-    uint32_t pa[kBlockN / 16][4];
+  };
+  // P as the bf16 A fragments: k16 chunk kc is n8 blocks 2kc, 2kc+1 of the accumulator.
+  auto pack_p = [&](const float (&sacc)[kS]) {
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 16; ++kc) {
       const float* d = sacc + 8 * kc;
@@ -228,18 +233,44 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
       pa[kc][2] = pack_bf16x2(d[4], d[5]);
       pa[kc][3] = pack_bf16x2(d[6], d[7]);
     }
-    const uint32_t v_addr = cute::cast_smem_ptr_to_uint(sm.v(st));
-    fence_acc(o);
-    cute::warpgroup_arrive();
+  };
+  auto rescale_o = [&](float alpha0, float alpha1) {
 #pragma unroll
-    for (int kc = 0; kc < kBlockN / 16; ++kc) {
-      pv_mma<kD>(pa[kc], smem_desc_mn(v_addr + kc * 16 * 128, kBlockN * 128), o, std::make_index_sequence<kO>{});
+    for (int j = 0; j < kO / 4; ++j) {
+      o[4 * j] *= alpha0;
+      o[4 * j + 1] *= alpha0;
+      o[4 * j + 2] *= alpha1;
+      o[4 * j + 3] *= alpha1;
     }
-    cute::warpgroup_commit_batch();
+  };
+
+  int prev_st = 0;
+  for (int t = 0; t < n_tiles; ++t) {
+    const uint32_t gt = g + t;
+    const int st = gt % T::kStages;
+    cutlass::arch::ClusterBarrier::wait(sm.conv_full(st), (gt / T::kStages) & 1);
+    float sacc[kS];
+    issue_qk(sacc, st);
+    if (t > 0) issue_pv(prev_st);
+    if (t > 0) cute::warpgroup_wait<1>();  // S(t) is ready; PV(t-1) may still run
+    else cute::warpgroup_wait<0>();
+    fence_acc(sacc);
+    float alpha0, alpha1;
+    softmax(sacc, t, alpha0, alpha1);
+    if (t > 0) {
+      cute::warpgroup_wait<0>();
+      fence_acc(o);
+      release(prev_st);
+    }
+    rescale_o(alpha0, alpha1);
+    pack_p(sacc);
+    prev_st = st;
+  }
+  if (n_tiles > 0) {
+    issue_pv(prev_st);
     cute::warpgroup_wait<0>();
     fence_acc(o);
-    __syncwarp();
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(sm.conv_empty(st));
+    release(prev_st);
   }
 
   // Epilogue.

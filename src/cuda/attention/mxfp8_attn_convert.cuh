@@ -91,6 +91,13 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float x0, float x1) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+/// 2^x (MUFU.EX2; flushes subnormal results to zero: P below 2^-126 of the row maximum is 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /// E4M3 code -> float (exact; NaN codes -> NaN).
 __device__ __forceinline__ float e4m3_to_f32(uint32_t byte) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(byte & 0xFF), __NV_E4M3);

@@ -46,8 +46,8 @@ struct AttnTraits {
   static constexpr int kStages = 2;
   static constexpr int kBlocks = kD / 32;  ///< scale blocks per row
   static constexpr int kThreads = 384;
-  static constexpr int kProducerRegs = 88;  // 88 + 2 * 208 = 504 = 168 * 384 / 128: the CTA's pool
-  static constexpr int kConsumerRegs = 208;
+  static constexpr int kProducerRegs = 96;  // 96 + 2 * 200 = 496 <= 168 * 384 / 128: the CTA's register pool
+  static constexpr int kConsumerRegs = 200;
 
   // Byte sizes of the shared-memory regions (each starts 1024-aligned).
   static constexpr int kQBytes = kBlockM * kD * 2;  ///< Q' (bf16, scales folded), two 64-row halves

@@ -125,31 +125,46 @@ __device__ void produce_row_block(const AttnParams& p, const SeqBounds& s, int b
   if (tid == 0) {
     for (int t = 0; t < min(n_tiles, T::kStages); ++t) issue_kv_tile<T>(p, s, b, hk, t, (g + t) % T::kStages, sm);
   }
-  for (int t = 0; t < n_tiles; ++t) {
-    const uint32_t gt = g + t;
-    const int st = gt % T::kStages;
-    const uint32_t ph = (gt / T::kStages) & 1;
-    // Scale bytes of this tile (issued before the waits so that their latency overlaps them).
-    // Keys past the sequence: zeros (their scores are masked and their P is 0; a NaN there, read
-    // from the next packed sequence, must not reach the product).
-    int ksc[kChunks], vsc[kChunks];
+  // Scale bytes of a tile, two 16-bit entries per register (-1: a key past the sequence, zeros:
+  // its score is masked and its P is 0; a NaN there, read from the next packed sequence, must not
+  // reach the product). Loaded one tile ahead so that their latency overlaps the conversion.
+  auto load_scales = [&](int t, uint32_t (&kp)[(kChunks + 1) / 2], uint32_t (&vp)[(kChunks + 1) / 2]) {
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int c = tid + 128 * i, tok = c / kChunksPerRow, blk = (c % kChunksPerRow) / 2;
       const int key = t * kBlockN + tok;
-      const bool in = key < s.len_k;
+      const bool in = t < n_tiles && key < s.len_k;
       const int64_t off = int64_t(s.k_start + key);
-      ksc[i] = in ? ks[off * p.ks_stride[2] + blk] : -1;
-      vsc[i] = in ? vs[off * p.vs_stride[2] + blk] : -1;
+      const uint32_t kb = in ? ks[off * p.ks_stride[2] + blk] : 0xFFFFu;
+      const uint32_t vb = in ? vs[off * p.vs_stride[2] + blk] : 0xFFFFu;
+      if (i % 2 == 0) {
+        kp[i / 2] = kb;
+        vp[i / 2] = vb;
+      } else {
+        kp[i / 2] |= kb << 16;
+        vp[i / 2] |= vb << 16;
+      }
     }
+  };
+  auto unpack = [](const uint32_t (&pk)[(kChunks + 1) / 2], int i) {
+    const uint32_t v = (pk[i / 2] >> (16 * (i % 2))) & 0xFFFFu;
+    return v == 0xFFFFu ? -1 : int(v);
+  };
+  uint32_t kpk[(kChunks + 1) / 2], vpk[(kChunks + 1) / 2];
+  load_scales(0, kpk, vpk);
+  for (int t = 0; t < n_tiles; ++t) {
+    const uint32_t gt = g + t;
+    const int st = gt % T::kStages;
+    const uint32_t ph = (gt / T::kStages) & 1;
     cutlass::arch::ClusterTransactionBarrier::wait(sm.raw_full(st), ph);
     cutlass::arch::ClusterBarrier::wait(sm.conv_empty(st), ph ^ 1);
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int c = tid + 128 * i, tok = c / kChunksPerRow, c16 = c % kChunksPerRow;
-      convert_chunk<T>(sm.raw_k(st), sm.k(st), tok, c16, ksc[i], ok);
-      convert_chunk<T>(sm.raw_v(st), sm.v(st), tok, c16, vsc[i], ov);
+      convert_chunk<T>(sm.raw_k(st), sm.k(st), tok, c16, unpack(kpk, i), ok);
+      convert_chunk<T>(sm.raw_v(st), sm.v(st), tok, c16, unpack(vpk, i), ov);
     }
+    load_scales(t + 1, kpk, vpk);
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::ClusterBarrier::arrive(sm.conv_full(st));
     cutlass::arch::NamedBarrier::sync(128, kProducerBarrier);  // raw stage st is free
