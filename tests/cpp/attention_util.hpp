@@ -52,8 +52,9 @@ inline uint8_t clamp_byte(int v) { return uint8_t(std::min(254, std::max(0, v)))
 /// Random problem: Q, K and V rows of N(0, 1) values, MXFP8-quantized per 32 channels (RCEIL;
 /// codes of the library's encoders), then their scale bytes moved by exponents that keep every
 /// value finite: per block c of the head dimension, +e_c on Q and -e_c on K (the scores stay
-/// those of the unshifted data), +-2 per Q row (the softmax temperature), and independent
-/// per-row and per-block shifts of V. |e| <= spread (bytes clamped to [0, 254]).
+/// those of the unshifted data), +-2 per Q row (the softmax temperature), and per block e'_c
+/// (+-2 per row) on V, so that each 32-channel block of the output has its own magnitude
+/// 2^e'_c. |e|, |e'| <= spread (bytes clamped to [0, 254]).
 inline Data make_data(const Shape& s, uint64_t seed, int spread = 0) {
   Data x;
   x.s = s;
@@ -98,14 +99,16 @@ inline Data make_data(const Shape& s, uint64_t seed, int spread = 0) {
           x.qs[x.iqs(b, h, i, c * 32)] = clamp_byte(sq_[size_t(((b * s.sq + i) * s.h + h) * nb + c)] +
                                                     eblk[size_t((b * s.hk + h / group) * nb + c)] + t);
       }
+  std::vector<int> vblk(eblk.size());  // per (batch, KV head, block) on V
+  for (auto& e : vblk) e = ud(rng);
   for (int64_t b = 0; b < s.b; ++b)
     for (int64_t j = 0; j < s.sk; ++j)
       for (int64_t h = 0; h < s.hk; ++h) {
-        const int row = ud(rng);
+        const int row = spread > 0 ? temp(rng) : 0;
         for (int64_t c = 0; c < nb; ++c) {
-          const size_t src = size_t(((b * s.sk + j) * s.hk + h) * nb + c);
-          x.ks[x.iks(b, h, j, c * 32)] = clamp_byte(sk_[src] - eblk[size_t((b * s.hk + h) * nb + c)]);
-          x.vs[x.iks(b, h, j, c * 32)] = clamp_byte(sv_[src] + row + ud(rng));
+          const size_t src = size_t(((b * s.sk + j) * s.hk + h) * nb + c), blk = size_t((b * s.hk + h) * nb + c);
+          x.ks[x.iks(b, h, j, c * 32)] = clamp_byte(sk_[src] - eblk[blk]);
+          x.vs[x.iks(b, h, j, c * 32)] = clamp_byte(sv_[src] + vblk[blk] + row);
         }
       }
   return x;
@@ -131,48 +134,89 @@ inline int64_t visible(const Shape& s, int64_t i) {
   return s.causal ? std::max<int64_t>(0, std::min<int64_t>(s.sk, i + s.sk - s.sq + 1)) : s.sk;
 }
 
+/// The dequantized operands in the code layouts (fp64, exact).
+struct Deq {
+  std::vector<double> q, k, v;
+  explicit Deq(const Data& x) : q(x.q.size()), k(x.k.size()), v(x.v.size()) {
+    const Shape& s = x.s;
+    for (int64_t b = 0; b < s.b; ++b) {
+      for (int64_t i = 0; i < s.sq; ++i)
+        for (int64_t h = 0; h < s.h; ++h)
+          for (int64_t c = 0; c < s.d; ++c) q[x.iq(b, i, h, c)] = qval(x, b, i, h, c);
+      for (int64_t j = 0; j < s.sk; ++j)
+        for (int64_t h = 0; h < s.hk; ++h)
+          for (int64_t c = 0; c < s.d; ++c) {
+            k[x.ik(b, j, h, c)] = kval(x, b, j, h, c);
+            v[x.ik(b, j, h, c)] = vval(x, b, j, h, c);
+          }
+    }
+  }
+};
+
+/// The attention of one (batch, head) with the operands given per row: `score(i, j)` and
+/// `value(j, c)`; `prob(p)` rounds each probability (identity in fp64), `store(i, c, o)` and
+/// `row(i, n, m, l)` take the results. Rows that see no key are reported with n = 0.
+template <typename Score, typename Value, typename Prob, typename Store, typename Row>
+void attend(const Shape& s, Score&& score, Value&& value, Prob&& prob, Store&& store, Row&& row) {
+  std::vector<double> sc, p;
+  for (int64_t i = 0; i < s.sq; ++i) {
+    const int64_t n = visible(s, i);
+    sc.assign(static_cast<size_t>(n), 0.0);
+    bool bad = false;
+    for (int64_t j = 0; j < n; ++j) {
+      sc[size_t(j)] = score(i, j);
+      bad = bad || std::isnan(sc[size_t(j)]);
+    }
+    if (n == 0 || bad) {
+      row(i, n, bad, 0.0, 0.0);
+      continue;
+    }
+    const double m = *std::max_element(sc.begin(), sc.end());
+    double l = 0;
+    p.assign(static_cast<size_t>(n), 0.0);
+    for (int64_t j = 0; j < n; ++j) l += p[size_t(j)] = std::exp(sc[size_t(j)] - m);
+    for (int64_t j = 0; j < n; ++j) p[size_t(j)] = prob(p[size_t(j)] / l);
+    for (int64_t c = 0; c < s.d; ++c) {
+      double acc = 0;
+      for (int64_t j = 0; j < n; ++j) acc += p[size_t(j)] * value(j, c);
+      store(i, c, acc);
+    }
+    row(i, n, false, m, l);
+  }
+}
+
 /// fp64 attention of the dequantized operands (two passes over the scores). A row that sees no
 /// key: out 0, lse -inf; a NaN score: the row and its lse NaN.
 inline Result naive(const Data& x, double scale) {
   const Shape& s = x.s;
+  const Deq dq(x);
   Result r;
-  r.out.assign(size_t(s.b * s.sq * s.h * s.d), 0.0);
+  r.out.assign(x.q.size(), 0.0);
   r.lse.assign(size_t(s.b * s.h * s.sq), 0.0);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (int64_t b = 0; b < s.b; ++b)
     for (int64_t h = 0; h < s.h; ++h) {
       const int64_t hk = h / (s.h / s.hk);
-      for (int64_t i = 0; i < s.sq; ++i) {
-        const int64_t n = visible(s, i);
-        double* o = &r.out[x.iq(b, i, h, 0)];
-        double& lse = r.lse[size_t((b * s.h + h) * s.sq + i)];
-        if (n == 0) {
-          lse = -std::numeric_limits<double>::infinity();
-          continue;
-        }
-        std::vector<double> sc(static_cast<size_t>(n));
-        bool bad = false;
-        for (int64_t j = 0; j < n; ++j) {
-          double dot = 0;
-          for (int64_t c = 0; c < s.d; ++c) dot += qval(x, b, i, h, c) * kval(x, b, j, hk, c);
-          sc[size_t(j)] = dot * scale;
-          bad = bad || std::isnan(sc[size_t(j)]);
-        }
-        if (bad) {
-          for (int64_t c = 0; c < s.d; ++c) o[c] = nan;
-          lse = nan;
-          continue;
-        }
-        const double m = *std::max_element(sc.begin(), sc.end());
-        double l = 0;
-        for (int64_t j = 0; j < n; ++j) l += std::exp(sc[size_t(j)] - m);
-        for (int64_t c = 0; c < s.d; ++c) {
-          double acc = 0;
-          for (int64_t j = 0; j < n; ++j) acc += std::exp(sc[size_t(j)] - m) / l * vval(x, b, j, hk, c);
-          o[c] = acc;
-        }
-        lse = m + std::log(l);
-      }
+      attend(
+          s,
+          [&](int64_t i, int64_t j) {
+            double dot = 0;
+            const double* qi = &dq.q[x.iq(b, i, h, 0)];
+            const double* kj = &dq.k[x.ik(b, j, hk, 0)];
+            for (int64_t c = 0; c < s.d; ++c) dot += qi[c] * kj[c];
+            return dot * scale;
+          },
+          [&](int64_t j, int64_t c) { return dq.v[x.ik(b, j, hk, c)]; }, [](double p) { return p; },
+          [&](int64_t i, int64_t c, double o) { r.out[x.iq(b, i, h, c)] = o; },
+          [&](int64_t i, int64_t n, bool bad, double m, double l) {
+            double& lse = r.lse[size_t((b * s.h + h) * s.sq + i)];
+            if (bad) {
+              for (int64_t c = 0; c < s.d; ++c) r.out[x.iq(b, i, h, c)] = nan;
+              lse = nan;
+            } else {
+              lse = n == 0 ? -std::numeric_limits<double>::infinity() : m + std::log(l);
+            }
+          });
     }
   return r;
 }
@@ -182,45 +226,36 @@ inline double bf16(double v) { return double(lowbit::decode_bf16(lowbit::encode_
 /// The same attention in low precision, as FlashAttention-3's FP8 test computes its O_pt: bf16
 /// copies of the dequantized operands, K pre-multiplied by the softmax scale in bf16, scores
 /// rounded to bf16, softmax in fp32 with P rounded to bf16 (then to E4M3 when p_e4m3), and the
-/// PV product rounded to bf16. Rows that see no key give 0.
+/// PV product rounded to bf16. Rows that see no key give 0. For finite operands only.
 inline Result low_precision(const Data& x, double scale, bool p_e4m3) {
   const Shape& s = x.s;
+  const Deq dq(x);
   Result r;
-  r.out.assign(size_t(s.b * s.sq * s.h * s.d), 0.0);
+  r.out.assign(x.q.size(), 0.0);
   r.lse.assign(size_t(s.b * s.h * s.sq), 0.0);
-  std::vector<double> kb(size_t(s.sk * s.d)), vb(size_t(s.sk * s.d)), qb(static_cast<size_t>(s.d));
+  std::vector<double> qb(dq.q.size()), kb(dq.k.size()), vb(dq.v.size());
+  for (size_t e = 0; e < qb.size(); ++e) qb[e] = bf16(dq.q[e]);
+  for (size_t e = 0; e < kb.size(); ++e) kb[e] = bf16(float(bf16(dq.k[e])) * float(scale));
+  for (size_t e = 0; e < vb.size(); ++e) vb[e] = bf16(dq.v[e]);
   for (int64_t b = 0; b < s.b; ++b)
     for (int64_t h = 0; h < s.h; ++h) {
       const int64_t hk = h / (s.h / s.hk);
-      for (int64_t j = 0; j < s.sk; ++j)
-        for (int64_t c = 0; c < s.d; ++c) {
-          kb[size_t(j * s.d + c)] = bf16(float(bf16(kval(x, b, j, hk, c))) * float(scale));
-          vb[size_t(j * s.d + c)] = bf16(vval(x, b, j, hk, c));
-        }
-      for (int64_t i = 0; i < s.sq; ++i) {
-        const int64_t n = visible(s, i);
-        if (n == 0) continue;
-        for (int64_t c = 0; c < s.d; ++c) qb[size_t(c)] = bf16(qval(x, b, i, h, c));
-        std::vector<float> sc(static_cast<size_t>(n)), p(static_cast<size_t>(n));
-        for (int64_t j = 0; j < n; ++j) {
-          double dot = 0;
-          for (int64_t c = 0; c < s.d; ++c) dot += qb[size_t(c)] * kb[size_t(j * s.d + c)];
-          sc[size_t(j)] = float(bf16(float(dot)));
-        }
-        const float m = *std::max_element(sc.begin(), sc.end());
-        float l = 0;
-        for (int64_t j = 0; j < n; ++j) l += std::exp(sc[size_t(j)] - m);
-        for (int64_t j = 0; j < n; ++j) {
-          float pj = float(bf16(std::exp(sc[size_t(j)] - m) / l));
-          if (p_e4m3) pj = lowbit::decode_e4m3(lowbit::encode_e4m3(pj));
-          p[size_t(j)] = pj;
-        }
-        for (int64_t c = 0; c < s.d; ++c) {
-          double acc = 0;
-          for (int64_t j = 0; j < n; ++j) acc += double(p[size_t(j)]) * vb[size_t(j * s.d + c)];
-          r.out[x.iq(b, i, h, c)] = bf16(float(acc));
-        }
-      }
+      attend(
+          s,
+          [&](int64_t i, int64_t j) {
+            double dot = 0;
+            const double* qi = &qb[x.iq(b, i, h, 0)];
+            const double* kj = &kb[x.ik(b, j, hk, 0)];
+            for (int64_t c = 0; c < s.d; ++c) dot += qi[c] * kj[c];
+            return bf16(float(dot));  // a bf16 matmul: fp32 sums, bf16 result
+          },
+          [&](int64_t j, int64_t c) { return vb[x.ik(b, j, hk, c)]; },
+          [&](double p) {
+            const float pb = float(bf16(float(p)));
+            return double(p_e4m3 ? lowbit::decode_e4m3(lowbit::encode_e4m3(pb)) : pb);
+          },
+          [&](int64_t i, int64_t c, double o) { r.out[x.iq(b, i, h, c)] = bf16(float(o)); },
+          [](int64_t, int64_t, bool, double, double) {});
     }
   return r;
 }
