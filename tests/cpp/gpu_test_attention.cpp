@@ -222,4 +222,34 @@ TEST(GpuAttention, NaNRules) {
   }
 }
 
+TEST(GpuAttention, MisalignedCodesAreRefused) {
+  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  // TMA needs 16-byte aligned bases and strides: a q one byte off, or a k with a row stride of
+  // 72 bytes, is refused naming the argument (nothing is launched)
+  const Shape s{1, 4, 4, 1, 1, 64, false};
+  const Data x = attntest::make_data(s, 3, 0);
+  Dev<uint8_t> q(size_t(4 * 64 + 16)), k(size_t(4 * 72)), v(x.v), qs(x.qs), ks(x.ks), vs(x.vs);
+  Dev<uint16_t> o(x.q.size());
+  Dev<float> lse(4);
+  const auto call = [&](TensorView qv, TensorView kv) {
+    flash_attn_mxfp8(qv, kv, dev_view(v.p, DType::kE4M3, {1, 4, 1, 64}), dev_view(qs.p, DType::kUE8M0, {1, 1, 4, 2}),
+                     dev_view(ks.p, DType::kUE8M0, {1, 1, 4, 2}), dev_view(vs.p, DType::kUE8M0, {1, 1, 4, 2}),
+                     dev_view(o.p, DType::kBFloat16, {1, 4, 1, 64}), dev_view(lse.p, DType::kFloat32, {1, 1, 4}));
+  };
+  const TensorView k_ok = dev_view(k.p, DType::kE4M3, {1, 4, 1, 64});
+  try {
+    call(dev_view(q.p + 1, DType::kE4M3, {1, 4, 1, 64}), k_ok);
+    ADD_FAILURE() << "a misaligned q was accepted";
+  } catch (const ArgumentError& e) {
+    EXPECT_EQ(e.arg(), "q") << e.what();
+  }
+  try {
+    call(dev_view(q.p, DType::kE4M3, {1, 4, 1, 64}),
+         TensorView(k.p, DType::kE4M3, {1, 4, 1, 64}, {288, 72, 64, 1}, Device::kCUDA, 0));
+    ADD_FAILURE() << "a k row stride of 72 bytes was accepted";
+  } catch (const ArgumentError& e) {
+    EXPECT_EQ(e.arg(), "k") << e.what();
+  }
+}
+
 }  // namespace

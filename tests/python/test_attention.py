@@ -541,6 +541,17 @@ def test_gpu_nan_rules():
 
 
 @pytest.mark.gpu
+def test_gpu_misaligned_codes_are_refused():
+    torch = _torch()
+    q, k, v, qs, ks, vs = t_inputs(1, 8, 8, 2, 1, 64, 13, 0)
+    buf = torch.empty(q.numel() + 1, dtype=torch.uint8, device="cuda")
+    q_off = buf[1:].view(q.shape)  # base address one byte off (TMA needs 16)
+    q_off.copy_(q.view(torch.uint8))
+    with pytest.raises(ValueError, match="argument 'q': the CUDA kernel reads it with TMA"):
+        lowbit.flash_attn_mxfp8_func(q_off, k, v, qs, ks, vs)
+
+
+@pytest.mark.gpu
 def test_gpu_torch_compile_and_cuda_graph():
     torch = _torch()
     import lowbit.torch_ops  # noqa: F401
