@@ -10,6 +10,7 @@ and not. Inputs: bf16 randn Q, K, V in [b, s, h, d].
 Table 1, kernel time (inputs already in each kernel's format, nothing converted in the timed call):
   attn_mxfp8          lowbit.flash_attn_mxfp8_func on MXFP8 operands (quantize_mxfp8_attn, RCEIL)
   vs sdpa_flash_bf16  torch SDPA, flash backend (torch.nn.attention.sdpa_kernel), bf16 [b, h, s, d]
+                      (GQA: enable_gqa, or KV heads expanded before timing where the backend lacks it)
   vs sdpa_cudnn_bf16  torch SDPA, cuDNN backend, bf16
   vs fa3_bf16         FlashAttention-3 flash_attn_func, bf16 (where flash_attn_interface imports, sm_90)
   vs fa3_fp8          FlashAttention-3 FP8 e4m3 with per-(batch, KV head) descales
@@ -155,7 +156,9 @@ class Bench:
             parts = [lowbit.quantize_mxfp8_attn(t) for t in (q, k, v)]
             (qc, qs), (kc, ks), (vc, vs) = parts
             out, _ = lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, causal=causal)
-            ref = self.sdpa(self.backends["sdpa_flash_bf16"], qhc, khc, vhc, causal, gqa).transpose(1, 2)
+            rep = h // hk  # the check's reference reads KV heads expanded (no GQA support needed)
+            ref = self.sdpa(self.backends["sdpa_flash_bf16"], qhc, khc.repeat_interleave(rep, 1),
+                            vhc.repeat_interleave(rep, 1), causal, False).transpose(1, 2)
             check = f"rel_l2 vs sdpa bf16 {rel_l2(out, ref):.1e}"
             del out, ref
             t_lb = self.time(lambda: lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, causal=causal))
@@ -171,8 +174,16 @@ class Bench:
         for an in ("sdpa_flash_bf16", "sdpa_cudnn_bf16"):
             be = self.backends[an]
             try:
-                timed[an] = self.time(lambda: self.sdpa(be, qhc, khc, vhc, causal, gqa))
-                timed[an + "_views"] = self.time(lambda: self.sdpa(be, qh, kh, vh, causal, gqa))
+                args, views, g_ = (qhc, khc, vhc), (qh, kh, vh), gqa
+                try:
+                    self.sdpa(be, *args, causal, g_)
+                except Exception:  # noqa: BLE001 - no enable_gqa in this backend: KV heads expanded, untimed
+                    if not gqa:
+                        raise
+                    args = (qhc, khc.repeat_interleave(h // hk, 1), vhc.repeat_interleave(h // hk, 1))
+                    views, g_ = (qh, args[1], args[2]), False
+                timed[an] = self.time(lambda: self.sdpa(be, *args, causal, g_))
+                timed[an + "_views"] = self.time(lambda: self.sdpa(be, *views, causal, g_))
             except Exception as ex:  # noqa: BLE001
                 timed[an] = timed[an + "_views"] = _err(ex, 200)
         if self.fa3 is None:
