@@ -57,7 +57,7 @@ void require_tma_aligned(const Checker& c, const TensorView& t, const char* arg)
                 "multiples of 16 bytes (the last dimension excepted), got " + t.describe());
 }
 
-/// CUDA: every size the kernel indexes with 32-bit integers.
+/// CUDA: the sizes the kernel indexes with 32-bit integers.
 void require_int32(const Checker& c, const char* arg, const char* what, int64_t v) {
   if (v > kInt32Max) c.fail(arg, std::string(what) + " = " + std::to_string(v) + " must be below 2^31 on CUDA");
 }
@@ -95,7 +95,11 @@ void run(Checker& c, const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x, const Tenso
     require_tma_aligned(c, v, "v");
     require_int32(c, "q", p.varlen ? "total_q" : "s_q", p.varlen ? p.total_q : p.seqlen_q);
     require_int32(c, "k", p.varlen ? "total_k" : "s_k", p.varlen ? p.total_k : p.seqlen_k);
-    require_int32(c, "q", "batch x heads", c.mul("q", p.batch, p.heads));
+    // the kernel's grid: (row blocks, heads, batch)
+    if (p.heads > 65535) c.fail("q", "the CUDA kernel takes at most 65535 query heads, got " + std::to_string(p.heads));
+    if (p.batch > 65535)
+      c.fail(p.varlen ? "cu_seqlens_q" : "q",
+             "the CUDA kernel takes at most 65535 sequences, got " + std::to_string(p.batch));
   }
   const bool empty = p.batch == 0 || (p.varlen && p.total_q == 0);
   run_on_device<Kernels::kSm90Gemm>(c, [&] { return empty ? 0 : cuda::attn_mxfp8_fwd(p, x, stream.handle); });
