@@ -222,6 +222,29 @@ TEST(GpuAttention, NaNRules) {
   }
 }
 
+TEST(GpuAttention, NaNScaleBytes) {
+  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  // q row 5 a NaN code, key 40 a NaN scale byte (channels 32..63), v[170, 0..31] a NaN scale byte
+  const Shape s{1, 300, 300, 1, 1, 64, true};
+  Data x = attntest::make_data(s, 78, 0);
+  x.q[x.iq(0, 5, 0, 33)] = 0x7F;
+  x.ks[x.iks(0, 0, 40, 32)] = 255;
+  x.vs[x.iks(0, 0, 170, 0)] = 255;
+  const GpuOut g = run_gpu(x, 0.125f);
+  for (int64_t i = 0; i < s.sq; ++i) {
+    const bool nan_row = i == 5 || i >= 40;
+    EXPECT_EQ(std::isnan(g.lse[size_t(i)]), nan_row) << "lse row " << i;
+    for (int64_t c = 0; c < s.d; ++c) {
+      const bool nan = std::isnan(decode_bf16(g.o[x.iq(0, i, 0, c)]));
+      if (nan_row || (i >= 170 && c < 32)) {
+        EXPECT_TRUE(nan) << "row " << i << " c " << c;
+      } else if (c >= 32 || i < 128) {  // rows 128..169 share key 170's tile: NaN allowed in channels 0..31
+        EXPECT_FALSE(nan) << "row " << i << " c " << c;
+      }
+    }
+  }
+}
+
 TEST(GpuAttention, MisalignedCodesAreRefused) {
   if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
   // TMA needs 16-byte aligned bases and strides: a q one byte off, or a k with a row stride of
