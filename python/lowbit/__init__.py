@@ -1,5 +1,5 @@
 """lowbit: low-precision formats (MXFP8, MXFP4, NVFP4, FP8 / INT4 / UINT4 groups, NF4) and
-their conversion kernels.
+their conversion kernels, GEMMs and MXFP8 flash attention.
 
 Arrays in, arrays out: every function accepts NumPy arrays (bfloat16 / fp8 through ml_dtypes)
 and torch tensors (CPU or CUDA) and returns results of the same library on the same device.
@@ -14,6 +14,12 @@ reference. See lowbit.Format for the recipes and docs/python_api.md for an overv
 import sys as _sys
 
 from . import _C
+from .attention import (
+    flash_attn_mxfp8_func,
+    flash_attn_mxfp8_quantized,
+    flash_attn_mxfp8_varlen_func,
+    quantize_mxfp8_attn,
+)
 from ._formats import FORMAT_NAMES, LAYOUTS, Format, Quantized
 from .gemm import (
     custom_kernel,
@@ -50,6 +56,7 @@ __all__ = [
     "block_scale_interleave", "block_scale_deinterleave",
     "nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "custom_kernel", "group_gemm_mxfp4_nt_groupwise",
     "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp",
+    "flash_attn_mxfp8_func", "flash_attn_mxfp8_varlen_func", "quantize_mxfp8_attn", "flash_attn_mxfp8_quantized",
 ]
 
 

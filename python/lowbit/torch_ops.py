@@ -17,6 +17,11 @@ Importing this module registers (torch >= 2.4):
     torch.ops.lowbit.cast(x, dtype=torch.float8_e4m3fn, saturate=True) -> y
     torch.ops.lowbit.block_scale_interleave(scales) -> scales_128x4
     torch.ops.lowbit.block_scale_deinterleave(scales, rows, cols) -> scales_row_major
+    torch.ops.lowbit.flash_attn_mxfp8(q, k, v, q_scale, k_scale, v_scale, softmax_scale=None,
+                                      causal=False) -> (out, lse)
+    torch.ops.lowbit.flash_attn_mxfp8_varlen(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q,
+        cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=False) -> (out, lse)
+    torch.ops.lowbit.quantize_mxfp8_attn(x, layout="bshd", rounding="rceil") -> (codes, scales)
 
 Arguments, formulas and output dtypes are those of the lowbit functions of the same names
 (lowbit.quantize etc.; 0 / "" select a format's default block / rule / scale dtype). Every op
@@ -31,6 +36,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import attention as _attn
 from . import ops as _ops
 from ._formats import Format, stored_scale_shape
 
@@ -195,3 +201,52 @@ def _(scales, rows, cols):
     L = scales.numel() // (rp * cp)
     batched = scales.dim() == 3 or L > 1
     return scales.new_empty(((L,) if batched else ()) + (rows, cols))
+
+
+# ---------------------------------------------------------------------------------------------
+# MXFP8 flash attention (lowbit.attention)
+
+@torch.library.custom_op("lowbit::flash_attn_mxfp8", mutates_args=())
+def flash_attn_mxfp8(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor, k_scale: Tensor, v_scale: Tensor,
+                     softmax_scale: Optional[float] = None, causal: bool = False) -> Tuple[Tensor, Tensor]:
+    return _attn.flash_attn_mxfp8_func(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal)
+
+
+@flash_attn_mxfp8.register_fake
+def _(q, k, v, q_scale, k_scale, v_scale, softmax_scale=None, causal=False):
+    b, s, h, d = q.shape
+    return q.new_empty((b, s, h, d), dtype=torch.bfloat16), q.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.custom_op("lowbit::flash_attn_mxfp8_varlen", mutates_args=())
+def flash_attn_mxfp8_varlen(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor, k_scale: Tensor, v_scale: Tensor,
+                            cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                            softmax_scale: Optional[float] = None, causal: bool = False) -> Tuple[Tensor, Tensor]:
+    return _attn.flash_attn_mxfp8_varlen_func(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k,
+                                              max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+
+
+@flash_attn_mxfp8_varlen.register_fake
+def _(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+      causal=False):
+    t, h, d = q.shape
+    return q.new_empty((t, h, d), dtype=torch.bfloat16), q.new_empty((h, t), dtype=torch.float32)
+
+
+@torch.library.custom_op("lowbit::quantize_mxfp8_attn", mutates_args=())
+def quantize_mxfp8_attn(x: Tensor, layout: str = "bshd", rounding: str = "rceil") -> Tuple[Tensor, Tensor]:
+    return _attn.quantize_mxfp8_attn(x, layout=layout, rounding=rounding)
+
+
+@quantize_mxfp8_attn.register_fake
+def _(x, layout="bshd", rounding="rceil"):
+    e8m0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
+    if layout == "thd":
+        t, h, d = x.shape
+        return x.new_empty((t, h, d), dtype=torch.float8_e4m3fn), x.new_empty((h, t, d // 32), dtype=e8m0)
+    if layout == "bhsd":
+        b, h, s, d = x.shape
+        codes = x.new_empty((b, h, s, d), dtype=torch.float8_e4m3fn).permute(0, 2, 1, 3)
+        return codes, x.new_empty((b, h, s, d // 32), dtype=e8m0)
+    b, s, h, d = x.shape
+    return x.new_empty((b, s, h, d), dtype=torch.float8_e4m3fn), x.new_empty((b, h, s, d // 32), dtype=e8m0)

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "lowbit/attention.hpp"
 #include "lowbit/error.hpp"
 #include "lowbit/format.hpp"
 #include "lowbit/gemm.hpp"
@@ -157,6 +158,6 @@ void bind_formats(nb::module_& m);  // format functions, quantize / dequantize /
 void bind_kcache(nb::module_& m);   // NF4 + residual K cache
 void bind_gemm(nb::module_& m);     // NVFP4 dual GEMM
 void bind_moe(nb::module_& m);      // MXFP4 grouped GEMM, its prepack, the gpt-oss expert MLP
-// A new family declares its bind_<family> here (attention: bind_attention, bind_attention.cpp).
+void bind_attention(nb::module_& m);  // MXFP8 flash attention (fixed length, varlen)
 
 }  // namespace lowbit_bind

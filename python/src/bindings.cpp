@@ -126,7 +126,7 @@ NB_MODULE(_C, m) {
   lowbit_bind::bind_kcache(m);
   lowbit_bind::bind_gemm(m);
   lowbit_bind::bind_moe(m);
-  // (attention: bind_attention(m), python/src/bind_attention.cpp, registers here)
+  lowbit_bind::bind_attention(m);
 
   m.def(
       "build_info",

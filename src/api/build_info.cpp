@@ -20,7 +20,8 @@ BuildInfo build_info() {
 #if LOWBIT_WITH_CUTLASS
     if (b.sm >= 90)
       for (const char* op : {"nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "group_gemm_mxfp4_nt_groupwise",
-                             "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp"})
+                             "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp", "flash_attn_mxfp8",
+                             "flash_attn_mxfp8_varlen"})
         b.cuda_ops.emplace_back(op);
 #endif
   }

@@ -1,0 +1,103 @@
+// src/ref/ref_attention.cpp: CPU reference of the MXFP8 flash-attention forward
+// (lowbit/attention.hpp). Built from the validated plan (src/core/plan_attention.hpp); parallel
+// over (sequence, query head). Tested by tests/cpp/test_attention_ref.cpp against a naive
+// implementation and by tests/python/test_attention.py against NumPy.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/parallel.hpp"
+#include "lowbit/codecs.hpp"
+#include "ref/ref_attention.hpp"
+
+namespace lowbit::ref {
+using namespace lowbit::detail;
+
+uint16_t bf16_from_double(double x) {
+  // NOTE: round to odd into fp32 (24 bits), then to nearest even into bf16 (8 bits): exact,
+  // since fp32 keeps more than two extra bits (a plain fp32 cast would round twice).
+  float f = float(x);
+  if (!std::isnan(x) && double(f) != x) {
+    if (std::fabs(double(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);  // truncate (Inf -> FLT_MAX)
+    f = bits_float(float_bits(f) | 1u);
+  }
+  return encode_bf16(f);
+}
+
+namespace {
+
+/// e4m3(code) * 2^(scale - 127) in fp64: exact (the fp32 product could overflow).
+inline double mx_value(uint8_t code, uint8_t scale) { return double(decode_e4m3(code)) * double(decode_ue8m0(scale)); }
+
+/// Rows [r0, r0 + n) of one head of an MXFP8 operand, dequantized into dst [n, d].
+void load_rows(const uint8_t* codes, const int64_t* cs, const uint8_t* scales, const int64_t* ss, int64_t b,
+               int64_t head, int64_t r0, int64_t n, int64_t d, double* dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* c = codes + b * cs[0] + (r0 + r) * cs[1] + head * cs[2];
+    const uint8_t* s = scales + b * ss[0] + head * ss[1] + (r0 + r) * ss[2];
+    for (int64_t i = 0; i < d; ++i) dst[r * d + i] = mx_value(c[i], s[i / 32]);
+  }
+}
+
+}  // namespace
+
+void flash_attn_mxfp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
+  const int64_t d = p.head_dim, group = p.heads / p.heads_kv;
+  const double scale = double(p.softmax_scale);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  parallel_for(p.batch * p.heads, [&](int64_t bh) {
+    const int64_t b = bh / p.heads, h = bh % p.heads, hk = h / group;
+    // sequence b: rows q0 .. q0 + sq of q (and out, lse, q_scale), k0 .. k0 + sk of k and v
+    int64_t q0 = 0, k0 = 0, sq = p.seqlen_q, sk = p.seqlen_k;
+    if (p.varlen) {
+      q0 = p.cu_seqlens_q[b];
+      k0 = p.cu_seqlens_k[b];
+      sq = p.cu_seqlens_q[b + 1] - q0;
+      sk = p.cu_seqlens_k[b + 1] - k0;
+    }
+    const size_t nk = size_t(sk), nd = size_t(d);
+    std::vector<double> K(nk * nd), V(nk * nd), q(nd), s(nk), o(nd);
+    load_rows(x.k, p.k_stride, x.k_scale, p.ks_stride, b, hk, k0, sk, d, K.data());
+    load_rows(x.v, p.v_stride, x.v_scale, p.vs_stride, b, hk, k0, sk, d, V.data());
+    for (int64_t i = 0; i < sq; ++i) {
+      uint16_t* out = x.out + b * p.o_stride[0] + (q0 + i) * p.o_stride[1] + h * p.o_stride[2];
+      float* lse = x.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + (q0 + i) * p.lse_stride[2];
+      // keys 0 .. n-1 are visible (causal: bottom-right aligned, j <= i + sk - sq)
+      const int64_t n = p.causal ? std::max<int64_t>(0, std::min<int64_t>(sk, i + sk - sq + 1)) : sk;
+      if (n == 0) {
+        for (int64_t c = 0; c < d; ++c) out[c] = 0;  // +0.0
+        *lse = -std::numeric_limits<float>::infinity();
+        continue;
+      }
+      load_rows(x.q, p.q_stride, x.q_scale, p.qs_stride, b, h, q0 + i, 1, d, q.data());
+      double m = -std::numeric_limits<double>::infinity();
+      bool has_nan = false;
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        const double* kj = &K[size_t(j * d)];
+        for (int64_t c = 0; c < d; ++c) acc += q[size_t(c)] * kj[c];
+        s[size_t(j)] = scale * acc;  // finite unless NaN: |q k| <= d * (448 * 2^127)^2 fits fp64
+        has_nan = has_nan || std::isnan(s[size_t(j)]);
+        m = std::max(m, s[size_t(j)]);
+      }
+      if (has_nan) {
+        for (int64_t c = 0; c < d; ++c) out[c] = bf16_from_double(nan);
+        *lse = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      double l = 0;
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int64_t j = 0; j < n; ++j) {
+        const double pj = std::exp(s[size_t(j)] - m);
+        l += pj;
+        const double* vj = &V[size_t(j * d)];
+        for (int64_t c = 0; c < d; ++c) o[size_t(c)] += pj * vj[c];  // a NaN v[j, c] stays NaN (0 * NaN too)
+      }
+      for (int64_t c = 0; c < d; ++c) out[c] = bf16_from_double(o[size_t(c)] / l);
+      *lse = float(m + std::log(l));
+    }
+  });
+}
+
+}  // namespace lowbit::ref
