@@ -144,7 +144,8 @@ NB_MODULE(_C, m) {
         d["device_name"] = b.device_name;
         d["sm"] = b.sm;
         d["cuda_ops"] = b.cuda_ops;
+        d["cpu_only_ops"] = b.cpu_only_ops;
         return d;
       },
-      "dict: version, cuda_built, cuda_runtime_version, device_count, device_name, sm, cuda_ops.");
+      "dict: version, cuda_built, cuda_runtime_version, device_count, device_name, sm, cuda_ops, cpu_only_ops.");
 }
