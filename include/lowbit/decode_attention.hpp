@@ -22,7 +22,7 @@ namespace lowbit {
 
 /// Options of attn_forward_decode_nf4.
 struct DecodeNf4Args {
-  int64_t block_size = 64;      ///< tokens per pruning block (>= 1)
+  int64_t block_size = 64;      ///< tokens per pruning block (1 .. 2^31-1)
   int64_t sub_block_size = 16;  ///< tokens per sub-block (>= 1, divides block_size): the tiling of
                                 ///< the block max; it does not change any result
   /// Threshold margin in natural-log score units (>= 0; +inf turns pruning off). Ignored when a

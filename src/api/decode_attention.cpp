@@ -86,7 +86,8 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
                                          .contiguous("precomputed_threshold"));
   c.require(out, Req("out").dtypes({DType::kBFloat16}).shape({B, H, DV}).last_contiguous());
   if (skip_ratio.present()) c.require(skip_ratio, Req("skip_ratio").dtypes({DType::kFloat32}).shape({B, HK}));
-  if (args.block_size < 1) c.fail("block_size", "expected >= 1, got " + std::to_string(args.block_size));
+  if (args.block_size < 1 || args.block_size > std::numeric_limits<int32_t>::max())
+    c.fail("block_size", "expected a value in 1..2^31-1, got " + std::to_string(args.block_size));
   if (args.sub_block_size < 1 || args.block_size % args.sub_block_size != 0)
     c.fail("sub_block_size", "expected a divisor of block_size = " + std::to_string(args.block_size) + ", got " +
                                  std::to_string(args.sub_block_size));

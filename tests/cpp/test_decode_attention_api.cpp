@@ -132,7 +132,9 @@ TEST(DecodeAttentionApi, Arguments) {
   };
   DecodeNf4Args a;
   a.block_size = 0;
-  arg_err(a, "block_size", ">= 1");
+  arg_err(a, "block_size", "1..2^31-1");
+  a.block_size = int64_t(1) << 40;
+  arg_err(a, "block_size", "1..2^31-1");
   a = {};
   a.sub_block_size = 24;
   arg_err(a, "sub_block_size", "divisor");
