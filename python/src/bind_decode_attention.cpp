@@ -11,8 +11,8 @@ using namespace nb::literals;
 void bind_decode_attention(nb::module_& m) {
   m.def(
       "attn_forward_decode_nf4",
-      [](const Array& q, const Array& k_nf4, const Array& k_scale, lowbit::DType k_scale_dtype, const OptArray& k_residual,
-         lowbit::DType k_residual_dtype, const Array& v, const OptArray& seq_lens, const OptArray& threshold,
+      [](const Array& q, const Array& k_nf4, const Array& k_scale, lowbit::DType k_scale_dtype,
+         const OptArray& k_residual, lowbit::DType k_residual_dtype, const Array& v, const OptArray& seq_lens, const OptArray& threshold,
          nb::handle out, nb::handle skip_ratio, int64_t block_size, int64_t sub_block_size, float delta,
          bool use_fp8_residual, float softmax_scale, lowbit::NibbleOrder nib, uintptr_t stream) {
         const char* op = "attn_forward_decode_nf4";

@@ -78,7 +78,8 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
   c.shape(v, "v", {B, T, HK, DV});
   check_dim(c, "v", "value head dim Dv", DV);
   c.last_contiguous(v, "v");
-  if (seq_lens.present()) c.require(seq_lens, Req("seq_lens").dtypes({DType::kInt32}).shape({B}).contiguous("seq_lens"));
+  if (seq_lens.present())
+    c.require(seq_lens, Req("seq_lens").dtypes({DType::kInt32}).shape({B}).contiguous("seq_lens"));
   if (precomputed_threshold.present())
     c.require(precomputed_threshold, Req("precomputed_threshold")
                                          .dtypes({DType::kFloat32})

@@ -208,8 +208,8 @@ TEST(DecodeAttentionApi, EncodeAndAppendArguments) {
   std::vector<int32_t> lens = {1, 2};
   auto app = [&](TV kn, TV lv) {
     return [=, &codes, &scale, &res] {
-      nf4_kcache_append(kn, TV(codes.data(), DType::kUInt8, {2, 3, 2, 32}), TV(scale.data(), DType::kFloat32, {2, 2, 64}),
-                        TV(res.data(), DType::kE5M2, {2, 3, 2, 64}), lv);
+      nf4_kcache_append(kn, TV(codes.data(), DType::kUInt8, {2, 3, 2, 32}),
+                        TV(scale.data(), DType::kFloat32, {2, 2, 64}), TV(res.data(), DType::kE5M2, {2, 3, 2, 64}), lv);
     };
   };
   const TV kn(ko.data(), DType::kFloat32, {2, 1, 2, 64}), lv(lens.data(), DType::kInt32, {2});
