@@ -8,9 +8,11 @@
 //   plan_gemm.hpp       DualGemmPlan
 //   plan_moe.hpp        GroupGemmPlan, Mxfp4PackPlan, MoeMlpPlan
 //   plan_attention.hpp  AttnMxfp8Plan
+//   plan_decode.hpp     DecodeNf4Plan, KprojRopePlan, KCacheAppendPlan
 #pragma once
 
 #include "core/plan_attention.hpp"
+#include "core/plan_decode.hpp"
 #include "core/plan_formats.hpp"
 #include "core/plan_gemm.hpp"
 #include "core/plan_kcache.hpp"
