@@ -53,6 +53,7 @@ from .quantize import Selection, _quantize_checkpoint, quantize_checkpoint, skip
 from .schema import (
     _ENTRY_TENSORS,
     FLOAT_DTYPES,
+    FORMAT_ALIASES,
     FORMATS,
     LAYOUTS,
     METADATA_KEY,
