@@ -171,3 +171,28 @@ def test_minilm_from_the_pypi_package(tmp_path):
             e0 = base(**enc).last_hidden_state[:, 0]
         cos = torch.nn.functional.cosine_similarity(e0, e1).min()
         assert float(cos) > (0.9 if fmt != "mxfp8_e4m3" else 0.99), (fmt, float(cos))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "uint4", "fp8_e4m3", "nvfp4", "mxfp4"])
+def test_bfloat16_model_keeps_float32_group_scales(tmp_path, fmt):
+    """A bfloat16 checkpoint: transformers decompresses from the stored (float32 or E4M3 / UE8M0)
+    scales, so every weight is lowbit's float32 weight rounded to bfloat16 (the float32 group
+    scales are not rounded to the model's dtype first)."""
+    torch.manual_seed(2)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    src = tmp_path / "bf16"
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(src)
+    out = tmp_path / "q"
+    assert main(["quantize", str(src), str(out), "-f", fmt, "--device", "cpu", "-q"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), quantization_config=_ct_config())
+    sd = model.state_dict()
+    orig = _load_tensors(str(src))
+    names = [n for n in orig if n.endswith("_proj.weight")]
+    ref = _reference({n: orig[n].float() for n in names}, fmt, names)
+    for n in names:
+        assert sd[n].dtype == torch.bfloat16
+        if fmt == "nvfp4":  # division vs multiplication by the inverse: within one bfloat16 unit
+            _check_weights(sd[n].float(), ref[n], fmt)
+        else:
+            assert torch.equal(sd[n].float(), ref[n].to(torch.bfloat16).float()), n
