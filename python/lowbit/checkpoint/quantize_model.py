@@ -5,7 +5,6 @@ with "quantization_config" (docs/checkpoints.md)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 

@@ -1,4 +1,13 @@
-"""The long --help texts of the `lowbit` command (lowbit.cli)."""
+"""The output of the `lowbit` command (lowbit.cli): its long --help texts, tables, sizes and the
+progress display."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import List, Optional, Sequence
 
 QUANTIZE_EPILOG = """\
 formats (one vocabulary with lowbit.Format; former spellings mxfp8, mxfp8-e5m2, fp8-group are
@@ -56,3 +65,96 @@ Every expert is decoded twice, from the original blocks/scales (an independent N
 and from the converted tensors (lowbit.dequantize); the values must agree bit for bit.
 Biases and all other tensors are copied unchanged.
 """
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+    return f"{n:.1f} TiB"
+
+
+def _fmt_float(v: Optional[float], spec: str) -> str:
+    if v is None:
+        return "-"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return format(v, spec)
+
+
+def _shape(shape) -> str:
+    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
+
+
+def render_table(headers: Sequence[str], rows: List[Sequence[str]], right: Sequence[bool]) -> str:
+    widths = [len(h) for h in headers]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r)]
+
+    def line(cells):
+        out = []
+        for c, w, rj in zip(cells, widths, right):
+            out.append(c.rjust(w) if rj else c.ljust(w))
+        return "  ".join(out).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), sep] + [line(r) for r in rows])
+
+
+class Progress:
+    """Per-tensor progress on stderr with the rate (input bytes per second) and the time left: a
+    bar redrawn in place on a terminal, else one line per tensor."""
+
+    def __init__(self, enabled: bool, stream=None):
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last_len = 0
+        self._t0: Optional[float] = None
+
+    def _rate_eta(self, done: int, total: int) -> str:
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        dt = now - self._t0
+        if dt <= 0 or done <= 0:
+            return ""
+        rate = done / dt
+        eta = max(0.0, (total - done) / rate) if total else 0.0
+        return f" {human_bytes(rate)}/s ETA {_hms(eta)}"
+
+    def __call__(self, i: int, n: int, done: int, total: int, name: str) -> None:
+        if not self.enabled:
+            return
+        frac = done / total if total else (i / n if n else 1.0)
+        speed = self._rate_eta(done, total)
+        if self.tty:
+            width = 24
+            fill = int(round(frac * width))
+            msg = (f"[{'#' * fill}{'.' * (width - fill)}] {frac * 100:5.1f}% {human_bytes(done)}/"
+                   f"{human_bytes(total)}{speed}  {i}/{n} {name}")
+            msg = msg[:max(20, _term_width() - 1)]
+            pad = " " * max(0, self._last_len - len(msg))
+            self.stream.write("\r" + msg + pad)
+            self._last_len = len(msg)
+            if i >= n:
+                self.stream.write("\r" + " " * self._last_len + "\r")
+            self.stream.flush()
+        elif i < n:
+            self.stream.write(f"[{i + 1}/{n}] {frac * 100:5.1f}%{speed} {name}\n")
+            self.stream.flush()
+
+
+def _hms(sec: float) -> str:
+    sec = int(sec + 0.5)
+    return f"{sec // 3600}:{sec % 3600 // 60:02d}:{sec % 60:02d}" if sec >= 3600 else f"{sec // 60}:{sec % 60:02d}"
+
+
+def _term_width() -> int:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 100
