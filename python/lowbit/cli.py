@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     pq.add_argument("--max-shard-size", type=_size, default=5 * 1024 ** 3, metavar="SIZE",
                     help="compressed-tensors: largest output shard, e.g. 5GB (default), 500MB, bytes")
     pq.add_argument("--group-size", type=_positive_int, metavar="N",
-                    help="elements per scale for fp8-group/int4/uint4 (default 128) and nf4 (default 64); "
+                    help="elements per scale for fp8_e4m3/fp8_e5m2/int4/uint4 (default 128) and nf4 (default 64); "
                          "fixed 16 for nvfp4 and 32 for the MX formats")
     pq.add_argument("--rounding", choices=["rceil", "floor"],
                     help="MX scale rule: rceil (NVIDIA, default) or floor (OCP spec, torchao)")
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     pq.add_argument("--nibble-order", choices=["low", "high"],
                     help="4-bit formats: element 2i in the low (default) or high (bitsandbytes) nibble")
     pq.add_argument("--scale-dtype", choices=["float32", "ue8m0"],
-                    help="fp8-group/int4: float32 (default) or power-of-two UE8M0 scales")
+                    help="fp8_e4m3/fp8_e5m2/int4: float32 (default) or power-of-two UE8M0 scales")
     pq.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="auto (default): CUDA when lowbit has kernels, a device is usable and torch is "
                          "installed; else the CPU reference")

@@ -269,3 +269,23 @@ def test_progress_has_rate_and_eta(tmp_path, capsys, model_dir):
     assert rc == 0
     lines = err.splitlines()
     assert len(lines) == len(t) and "/s ETA " in lines[-1]
+
+
+def test_failure_leaves_nothing(tmp_path, capsys, model_dir, monkeypatch):
+    from lowbit.checkpoint import compressed_tensors as ct
+
+    src, _ = model_dir
+    calls = []
+    real = ct.convert
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("disk on fire")
+        return real(*a, **k)
+
+    monkeypatch.setattr(ct, "convert", failing)
+    rc, _, err = run(capsys, "quantize", src, tmp_path / "o", "-f", "mxfp4", "--device", "cpu", "--max-shard-size",
+                     "50KB")
+    assert rc == 1 and "disk on fire" in err
+    assert sorted(os.listdir(tmp_path)) == ["model"]  # no output, no staging directory
