@@ -30,6 +30,9 @@ file and OUT does not end in .safetensors, else lowbit):
                       mxfp4 -> mxfp4-pack-quantized, mxfp8_e4m3 -> mxfp8-quantized, fp8_e4m3 ->
                       float-quantized (group), int4 / uint4 -> pack-quantized. NVFP4 global scales
                       are shared by q/k/v and by gate/up. Only X.weight tensors are quantized.
+  gpt-oss             --format mxfp4 only: the expert weights of a gpt-oss model (X.gate_up_proj,
+                      X.down_proj [E, K, N]) as X.*_blocks U8 [E, N, K/32, 16] + X.*_scales U8
+                      [E, N, K/32], quant_method "mxfp4"; everything else copied.
   lowbit              OUT.safetensors from one input file, with the tensors and metadata below.
 
 default excludes (--no-default-excludes turns them off): embeddings, lm_head, norms, MoE routers

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     pq.add_argument("output", metavar="OUT", help="a directory (compressed-tensors) or OUT.safetensors (lowbit)")
     pq.add_argument("--format", "-f", required=True, choices=list(FORMATS) + list(FORMAT_ALIASES),
                     metavar="FORMAT", help="{" + ",".join(FORMATS) + "}")
-    pq.add_argument("--convention", choices=["compressed-tensors", "lowbit"],
+    pq.add_argument("--convention", choices=["compressed-tensors", "gpt-oss", "lowbit"],
                     help="tensor names and metadata of the output (default: compressed-tensors for a model "
                          "directory or index, lowbit for a .safetensors file)")
     pq.add_argument("--no-default-excludes", action="store_true",
@@ -203,7 +203,7 @@ def _directory_mode(args) -> bool:
         src = str(args.input)
         to_dir = (os.path.isdir(src) or src.endswith(".index.json")) and not str(args.output).endswith(".safetensors")
         args.convention = "compressed-tensors" if to_dir else "lowbit"
-    return args.convention == "compressed-tensors"
+    return args.convention in ("compressed-tensors", "gpt-oss")
 
 
 def check_paths(args) -> None:
@@ -295,7 +295,7 @@ def cmd_quantize(args) -> int:
 
         reports, summary = quantize_model(args.input, args.output, cfg, sel, device=args.device, progress=prog,
                                           overwrite=args.force, warn=_warn("lowbit quantize"),
-                                          max_shard_bytes=args.max_shard_size)
+                                          max_shard_bytes=args.max_shard_size, convention=args.convention)
     else:
         if os.path.isdir(args.input) or str(args.input).endswith(".index.json"):
             from .checkpoint import CheckpointError

@@ -196,3 +196,34 @@ def test_bfloat16_model_keeps_float32_group_scales(tmp_path, fmt):
             _check_weights(sd[n].float(), ref[n], fmt)
         else:
             assert torch.equal(sd[n].float(), ref[n].to(torch.bfloat16).float()), n
+
+
+def test_gpt_oss_mxfp4_loads_in_transformers(tmp_path):
+    """--convention gpt-oss: transformers' Mxfp4 loader (dequantize=True, CPU) reads the expert
+    blocks and scales; its weights are lowbit's MXFP4 weights (exact in bfloat16)."""
+    torch.manual_seed(3)
+    cfg = transformers.GptOssConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                    num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"])
+    src = tmp_path / "gpt_oss"
+    transformers.GptOssForCausalLM(cfg).to(torch.bfloat16).save_pretrained(src)
+    out = tmp_path / "q"
+    assert main(["quantize", str(src), str(out), "-f", "mxfp4", "--convention", "gpt-oss", "--device", "cpu",
+                 "-q"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(out), quantization_config=transformers.Mxfp4Config(dequantize=True))
+    sd = model.state_dict()
+    orig = _load_tensors(str(src))
+    experts = 0
+    for n, v in orig.items():
+        if n.endswith("experts.gate_up_proj") or n.endswith("experts.down_proj"):
+            x = v.float().numpy()
+            ref = np.stack([np.asarray(lowbit.dequantize(lowbit.quantize(np.ascontiguousarray(x[e].T), "mxfp4"))).T
+                            for e in range(x.shape[0])])
+            assert torch.equal(sd[n].float(), torch.from_numpy(ref))
+            experts += 1
+        else:
+            assert torch.equal(sd[n], v), n
+    assert experts == 4
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(0, 128, (1, 9))).logits).all()

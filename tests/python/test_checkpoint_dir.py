@@ -289,3 +289,39 @@ def test_failure_leaves_nothing(tmp_path, capsys, model_dir, monkeypatch):
                      "50KB")
     assert rc == 1 and "disk on fire" in err
     assert sorted(os.listdir(tmp_path)) == ["model"]  # no output, no staging directory
+
+
+def test_gpt_oss_convention(tmp_path, capsys):
+    """--convention gpt-oss: expert weights [E, K, N] as *_blocks [E, N, K/32, 16] / *_scales
+    [E, N, K/32] of W[e]^T; decoded by convert-gpt-oss's independent NumPy decode."""
+    from lowbit.checkpoint import decode_gpt_oss
+
+    d = tmp_path / "go"
+    d.mkdir()
+    p = "model.layers.0."
+    t = {p + "mlp.experts.gate_up_proj": RNG.standard_normal((3, 64, 128)).astype(ml_dtypes.bfloat16),
+         p + "mlp.experts.gate_up_proj_bias": RNG.standard_normal((3, 128)).astype(ml_dtypes.bfloat16),
+         p + "mlp.experts.down_proj": RNG.standard_normal((3, 64, 64)).astype(ml_dtypes.bfloat16),
+         p + "mlp.router.weight": RNG.standard_normal((3, 64)).astype(ml_dtypes.bfloat16),
+         p + "self_attn.q_proj.weight": RNG.standard_normal((64, 64)).astype(ml_dtypes.bfloat16)}
+    st.save(d / "model.safetensors", t)
+    (d / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    rc, _, err = run(capsys, "quantize", d, tmp_path / "o", "-f", "mxfp4", "--convention", "gpt-oss", "-q",
+                     "--device", "cpu")
+    assert rc == 0, err
+    got = _load(tmp_path / "o")
+    qc = json.loads((tmp_path / "o" / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "mxfp4" and "lm_head" in qc["modules_to_not_convert"]
+    up = p + "mlp.experts.gate_up_proj"
+    assert got[up + "_blocks"].shape == (3, 128, 2, 16) and got[up + "_scales"].shape == (3, 128, 2)
+    assert got[p + "mlp.experts.down_proj_blocks"].shape == (3, 64, 2, 16)
+    for n in (p + "mlp.experts.gate_up_proj_bias", p + "mlp.router.weight", p + "self_attn.q_proj.weight"):
+        assert np.array_equal(got[n].view(np.uint16), t[n].view(np.uint16))
+    for n in (up, p + "mlp.experts.down_proj"):
+        dec = decode_gpt_oss(got[n + "_blocks"], got[n + "_scales"])
+        x = t[n].astype(np.float32)
+        for e in range(3):
+            ref = np.asarray(lowbit.dequantize(lowbit.quantize(np.ascontiguousarray(x[e].T), "mxfp4")))
+            np.testing.assert_array_equal(dec[e], ref)
+    rc, _, err = run(capsys, "quantize", d, tmp_path / "o2", "-f", "nvfp4", "--convention", "gpt-oss")
+    assert rc == 1 and "mxfp4" in err
