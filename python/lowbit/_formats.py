@@ -53,20 +53,31 @@ _FORMATS = {
     "nf4": (E.nf4, 64, ST.f32, R.absmax, False, (ST.f32,)),
 }
 FORMAT_NAMES = tuple(_FORMATS)
-_ALIASES = {"mxfp8": "mxfp8_e4m3", "fp8": "fp8_e4m3", "fp8_group": "fp8_e4m3", "int4_group": "int4"}
+# Other spellings accepted for a format name, by lowbit.Format and by `lowbit quantize --format`
+# alike (the hyphenated ones are the command line's former names; docs/cli.md).
+_ALIASES = {"mxfp8": "mxfp8_e4m3", "fp8": "fp8_e4m3", "fp8_group": "fp8_e4m3", "int4_group": "int4",
+            "fp8-group": "fp8_e4m3", "mxfp8-e5m2": "mxfp8_e5m2", "mxfp8-e4m3": "mxfp8_e4m3",
+            "fp8-e4m3": "fp8_e4m3", "fp8-e5m2": "fp8_e5m2"}
 
-# Command-line spellings (`lowbit quantize --format`) of the formats a checkpoint can be quantized
-# to: CLI name -> (Format name, description). The CLI derives everything else from _FORMATS.
+# The formats a checkpoint can be quantized to (`lowbit quantize --format`), by their one name
+# (the lowbit.Format name): name -> description. The CLI derives everything else from _FORMATS.
 CLI_FORMATS = {
-    "nvfp4": ("nvfp4", "E2M1 codes, E4M3 scale per 16, per-tensor FP32 global amax"),
-    "mxfp4": ("mxfp4", "E2M1 codes, UE8M0 scale per 32 (OCP MX)"),
-    "mxfp8": ("mxfp8_e4m3", "E4M3 codes, UE8M0 scale per 32 (OCP MX)"),
-    "mxfp8-e5m2": ("mxfp8_e5m2", "E5M2 codes, UE8M0 scale per 32 (OCP MX)"),
-    "fp8-group": ("fp8_e4m3", "E4M3 codes, scale per group (default 128)"),
-    "int4": ("int4", "symmetric INT4, scale per group (default 128)"),
-    "uint4": ("uint4", "asymmetric UINT4, scale + zero point per group (default 128)"),
-    "nf4": ("nf4", "NF4 codebook, absmax per block (default 64)"),
+    "nvfp4": "E2M1 codes, E4M3 scale per 16, per-tensor FP32 global amax",
+    "mxfp4": "E2M1 codes, UE8M0 scale per 32 (OCP MX)",
+    "mxfp8_e4m3": "E4M3 codes, UE8M0 scale per 32 (OCP MX)",
+    "mxfp8_e5m2": "E5M2 codes, UE8M0 scale per 32 (OCP MX)",
+    "fp8_e4m3": "E4M3 codes, scale per group (default 128)",
+    "fp8_e5m2": "E5M2 codes, scale per group (default 128)",
+    "int4": "symmetric INT4, scale per group (default 128)",
+    "uint4": "asymmetric UINT4, scale + zero point per group (default 128)",
+    "nf4": "NF4 codebook, absmax per block (default 64)",
 }
+
+
+def canonical_format_name(name: str) -> str:
+    """The one name of a format given by any accepted spelling (unknown names come back as given)."""
+    return _ALIASES.get(name, name)
+
 
 _SCALE_DTYPE_NAMES = {ST.f32: "float32", ST.ue8m0: "float8_e8m0fnu", ST.e4m3: "float8_e4m3fn"}
 # the short scale dtype names the command line uses (all accepted by Format's scale_dtype)

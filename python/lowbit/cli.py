@@ -1,12 +1,14 @@
 """The `lowbit` command line (also `python -m lowbit`).
 
     lowbit info [--json]
-    lowbit quantize IN.safetensors OUT.safetensors --format FORMAT [options]
+    lowbit quantize MODEL_DIR OUT_DIR --format FORMAT [options]          (compressed-tensors)
+    lowbit quantize IN.safetensors OUT.safetensors --format FORMAT [options] (lowbit's own names)
     lowbit dequantize IN.safetensors OUT.safetensors [--dtype auto|bf16|f16|f32]
     lowbit convert-gpt-oss IN.safetensors OUT.safetensors [--layout LAYOUT] [--no-verify]
 
-`quantize` replaces every 2-D F32/F16/BF16 tensor W whose last dimension K is a multiple of the
-block by
+`quantize` of a model directory or index (or of one file with --convention compressed-tensors)
+writes a Hugging Face model directory in the compressed-tensors convention (docs/checkpoints.md). Into OUT.safetensors (--convention lowbit)
+it replaces every 2-D F32/F16/BF16 tensor W whose last dimension K is a multiple of the block by
 
     W.qdata        packed codes: uint8 [M, K/2] (4-bit formats) or float8 [M, K] (8-bit formats)
     W.scale        block scales in the chosen layout (float32, UE8M0 or E4M3)
@@ -33,57 +35,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Optional, Sequence
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
-_QUANTIZE_EPILOG = """\
-formats:
-  nvfp4        E2M1 codes, E4M3 scale per 16 elements, per-tensor float32 global amax
-  mxfp4        E2M1 codes, UE8M0 scale per 32 elements (OCP MX)
-  mxfp8        E4M3 codes, UE8M0 scale per 32 elements (OCP MX)
-  mxfp8-e5m2   E5M2 codes, UE8M0 scale per 32 elements (OCP MX)
-  fp8-group    E4M3 codes, float32 (or UE8M0) scale per --group-size (default 128)
-  int4         symmetric INT4, float32 (or UE8M0) scale per --group-size (default 128)
-  uint4        asymmetric UINT4, float32 scale + uint8 zero point per --group-size (default 128)
-  nf4          NF4 codebook (bitsandbytes), float32 absmax per --group-size (default 64)
-
-output tensors, for each quantized tensor W [M, K]:
-  W.qdata        codes: uint8 [M, K/2] for 4-bit formats (element 2i in the low nibble unless
-                 --nibble-order high), F8_E4M3 / F8_E5M2 [M, K] for 8-bit formats
-  W.scale        scales in --scale-layout (row_major: [M, K/block]; the other layouts: the
-                 padded matrix of lowbit.scale_shape)
-  W.zero         uint4 only: uint8 zero points (same layout as W.scale)
-  W.global_amax  nvfp4 only: float32 [1]
-metadata: __metadata__["lowbit"] = JSON {"version": 1, "producer": "lowbit X.Y.Z",
-  "tensors": {"W": {"format", "block", "layout", "row_align", "nibble_order", "rounding",
-  "scale_dtype", "zero_scale", "shape", "dtype", "qdata", "scale", "zero", "global_amax",
-  "format_kwargs"}}}: "format" + "format_kwargs" rebuild the lowbit.Format, "shape"/"dtype" are
-  the original tensor's; other metadata keys are kept. `lowbit dequantize` reverses it.
-
-Only 2-D F32/F16/BF16 tensors whose last dimension is a multiple of the block are quantized;
-every other tensor is copied unchanged and the table lists why.
-"""
-
-_GPT_OSS_EPILOG = """\
-input: gpt-oss MXFP4 expert tensors X_blocks (or X.blocks) uint8 [experts, rows, K/32, 16] and
-X_scales (X.scales) uint8 [experts, rows, K/32] (UE8M0, 2^(s-127)), element 2i in the low nibble.
-output, for each pair:
-  X.qdata  uint8 [experts, rows, K/2]   packed E2M1 codes, element 2i in the low nibble
-  X.scale  uint8 [experts, rows, K/32]  UE8M0 scales (row_major), or per expert the padded
-           matrix of the chosen --layout (e.g. blocked128x4: [experts, round_up(rows,128),
-           round_up(K/32,4)])
-plus a "lowbit" metadata entry (format mxfp4, block 32, the layout, shape [experts, rows, K]).
-Every expert is decoded twice, from the original blocks/scales (an independent NumPy decode)
-and from the converted tensors (lowbit.dequantize); the values must agree bit for bit.
-Biases and all other tensors are copied unchanged.
-"""
+from ._cli_output import GPT_OSS_EPILOG as _GPT_OSS_EPILOG, QUANTIZE_EPILOG as _QUANTIZE_EPILOG
+from ._cli_output import Progress, _fmt_float, _shape, human_bytes, render_table  # noqa: F401
 
 
 class _Parser(argparse.ArgumentParser):
@@ -104,8 +66,22 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _size(s: str) -> int:
+    units = {"": 1, "B": 1, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "KIB": 1024, "MIB": 1024 ** 2,
+             "GIB": 1024 ** 3}
+    t = s.strip().upper()
+    num = t.rstrip("KMGIB")
+    try:
+        v = int(float(num) * units[t[len(num):]])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"expected a size such as 5GB, 500MB or a byte count, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {s!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from .checkpoint import FORMATS, LAYOUTS
+    from .checkpoint import FORMAT_ALIASES, FORMATS, LAYOUTS
 
     p = _Parser(prog="lowbit", description="lowbit: low-precision formats for LLM checkpoints.",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,16 +93,25 @@ def build_parser() -> argparse.ArgumentParser:
                                     "the CUDA device (if usable) and which ops run on it.")
     pi.add_argument("--json", action="store_true", help="print lowbit.build_info() as JSON")
 
-    pq = sub.add_parser("quantize", help="quantize the 2-D float tensors of a safetensors checkpoint",
-                        description="Quantizes the 2-D F32/F16/BF16 tensors of a safetensors checkpoint "
-                                    "into packed codes + scales and prints a per-tensor error table.",
+    pq = sub.add_parser("quantize", help="quantize a model directory or a safetensors checkpoint",
+                        description="Quantizes the 2-D F32/F16/BF16 weights of a Hugging Face model directory "
+                                    "(or an index, or one safetensors file) into packed codes + scales and "
+                                    "prints a per-tensor error table.",
                         epilog=_QUANTIZE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    pq.add_argument("input", metavar="IN.safetensors")
-    pq.add_argument("output", metavar="OUT.safetensors")
-    pq.add_argument("--format", "-f", required=True, choices=list(FORMATS), metavar="FORMAT",
-                    help="{" + ",".join(FORMATS) + "}")
+    pq.add_argument("input", metavar="IN", help="a model directory, a model.safetensors.index.json or a "
+                                                ".safetensors file")
+    pq.add_argument("output", metavar="OUT", help="a directory (compressed-tensors) or OUT.safetensors (lowbit)")
+    pq.add_argument("--format", "-f", required=True, choices=list(FORMATS) + list(FORMAT_ALIASES),
+                    metavar="FORMAT", help="{" + ",".join(FORMATS) + "}")
+    pq.add_argument("--convention", choices=["compressed-tensors", "gpt-oss", "lowbit"],
+                    help="tensor names and metadata of the output (default: compressed-tensors for a model "
+                         "directory or index, lowbit for a .safetensors file)")
+    pq.add_argument("--no-default-excludes", action="store_true",
+                    help="also quantize embeddings, lm_head, norms, routers and biases where eligible")
+    pq.add_argument("--max-shard-size", type=_size, default=5 * 1024 ** 3, metavar="SIZE",
+                    help="compressed-tensors: largest output shard, e.g. 5GB (default), 500MB, bytes")
     pq.add_argument("--group-size", type=_positive_int, metavar="N",
-                    help="elements per scale for fp8-group/int4/uint4 (default 128) and nf4 (default 64); "
+                    help="elements per scale for fp8_e4m3/fp8_e5m2/int4/uint4 (default 128) and nf4 (default 64); "
                          "fixed 16 for nvfp4 and 32 for the MX formats")
     pq.add_argument("--rounding", choices=["rceil", "floor"],
                     help="MX scale rule: rceil (NVIDIA, default) or floor (OCP spec, torchao)")
@@ -135,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     pq.add_argument("--nibble-order", choices=["low", "high"],
                     help="4-bit formats: element 2i in the low (default) or high (bitsandbytes) nibble")
     pq.add_argument("--scale-dtype", choices=["float32", "ue8m0"],
-                    help="fp8-group/int4: float32 (default) or power-of-two UE8M0 scales")
+                    help="fp8_e4m3/fp8_e5m2/int4: float32 (default) or power-of-two UE8M0 scales")
     pq.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="auto (default): CUDA when lowbit has kernels, a device is usable and torch is "
                          "installed; else the CPU reference")
@@ -176,7 +161,7 @@ def _common_output_args(p: argparse.ArgumentParser) -> None:
                         "are kept)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
-                   help="always show progress on stderr (default: on a terminal, or for inputs over 256 MiB)")
+                   help="always show progress (rate, time left) on stderr (default: only on a terminal)")
     g.add_argument("--no-progress", dest="progress", action="store_const", const=False)
     g.add_argument("--quiet", "-q", action="store_true", help="no progress and no table")
 
@@ -185,90 +170,12 @@ def _common_output_args(p: argparse.ArgumentParser) -> None:
 # Output helpers
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024.0
-    return f"{n:.1f} TiB"
-
-
-def _fmt_float(v: Optional[float], spec: str) -> str:
-    if v is None:
-        return "-"
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return format(v, spec)
-
-
-def _shape(shape) -> str:
-    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
-
-
-def render_table(headers: Sequence[str], rows: List[Sequence[str]], right: Sequence[bool]) -> str:
-    widths = [len(h) for h in headers]
-    for r in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, r)]
-
-    def line(cells):
-        out = []
-        for c, w, rj in zip(cells, widths, right):
-            out.append(c.rjust(w) if rj else c.ljust(w))
-        return "  ".join(out).rstrip()
-
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), sep] + [line(r) for r in rows])
-
-
-class Progress:
-    """Per-tensor progress on stderr: a bar redrawn in place on a terminal, else one line per tensor."""
-
-    def __init__(self, enabled: bool, stream=None):
-        self.enabled = enabled
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._last_len = 0
-
-    def __call__(self, i: int, n: int, done: int, total: int, name: str) -> None:
-        if not self.enabled:
-            return
-        frac = done / total if total else (i / n if n else 1.0)
-        if self.tty:
-            width = 24
-            fill = int(round(frac * width))
-            msg = (f"[{'#' * fill}{'.' * (width - fill)}] {frac * 100:5.1f}% {human_bytes(done)}/"
-                   f"{human_bytes(total)}  {i}/{n} {name}")
-            msg = msg[:max(20, _term_width() - 1)]
-            pad = " " * max(0, self._last_len - len(msg))
-            self.stream.write("\r" + msg + pad)
-            self._last_len = len(msg)
-            if i >= n:
-                self.stream.write("\r" + " " * self._last_len + "\r")
-            self.stream.flush()
-        elif i < n:
-            self.stream.write(f"[{i + 1}/{n}] {frac * 100:5.1f}% {name}\n")
-            self.stream.flush()
-
-
-def _term_width() -> int:
-    try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns
-    except (OSError, ValueError):
-        return 100
-
-
 def _progress_for(args, input_path: str) -> Progress:
     if args.quiet:
         return Progress(False)
     enabled = args.progress
     if enabled is None:
-        try:
-            big = os.path.getsize(input_path) >= 256 * 1024 * 1024
-        except OSError:
-            big = False
-        enabled = sys.stderr.isatty() or big
+        enabled = sys.stderr.isatty()
     return Progress(enabled)
 
 
@@ -288,11 +195,33 @@ def _warn(prog: str):
     return warn
 
 
+def _directory_mode(args) -> bool:
+    """quantize into a model directory (compressed-tensors) rather than one lowbit file."""
+    if getattr(args, "command", None) != "quantize":
+        return False
+    if args.convention is None:
+        src = str(args.input)
+        to_dir = (os.path.isdir(src) or src.endswith(".index.json")) and not str(args.output).endswith(".safetensors")
+        args.convention = "compressed-tensors" if to_dir else "lowbit"
+    return args.convention in ("compressed-tensors", "gpt-oss")
+
+
 def check_paths(args) -> None:
     """Checks the input and every output path before any work starts (see docs/cli.md)."""
     from .checkpoint import CheckpointError
     from .safetensors_io import check_input_path, check_output_path, same_file
 
+    if _directory_mode(args):
+        from .checkpoint.model_dir import check_output_dir
+
+        if not os.path.exists(args.input):
+            raise CheckpointError(f"{args.input}: no such file or directory")
+        if os.path.exists(args.output) and same_file(args.input, args.output):
+            raise CheckpointError(f"{args.output}: the output is the input")
+        check_output_dir(args.output, overwrite=args.force)
+        if args.report:
+            check_output_path(args.report, "--report file", overwrite=args.force)
+        return
     check_input_path(args.input, "input")
     if same_file(args.input, args.output):
         raise CheckpointError(f"{args.output}: the output is the input file {args.input}")
@@ -358,15 +287,30 @@ def cmd_quantize(args) -> int:
 
     cfg = make_config(args.format, group_size=args.group_size, rounding=args.rounding,
                       layout=args.scale_layout, nibble_order=args.nibble_order, scale_dtype=args.scale_dtype)
-    sel = Selection(include=args.include, exclude=args.exclude, min_size=args.min_size)
+    sel = Selection(include=args.include, exclude=args.exclude, min_size=args.min_size,
+                    default_excludes=not args.no_default_excludes)
     prog = _progress_for(args, args.input)
-    reports, summary = quantize_checkpoint(args.input, args.output, cfg, sel, device=args.device, progress=prog,
-                                           overwrite=args.force, warn=_warn("lowbit quantize"))
+    if _directory_mode(args):
+        from .checkpoint.quantize_model import quantize_model
+
+        reports, summary = quantize_model(args.input, args.output, cfg, sel, device=args.device, progress=prog,
+                                          overwrite=args.force, warn=_warn("lowbit quantize"),
+                                          max_shard_bytes=args.max_shard_size, convention=args.convention)
+    else:
+        if os.path.isdir(args.input) or str(args.input).endswith(".index.json"):
+            from .checkpoint import CheckpointError
+
+            raise CheckpointError(f"{args.input}: --convention lowbit reads one .safetensors file; a model "
+                                  f"directory or index is quantized into a directory (compressed-tensors)")
+        reports, summary = quantize_checkpoint(args.input, args.output, cfg, sel, device=args.device,
+                                               progress=prog, overwrite=args.force, warn=_warn("lowbit quantize"))
     _write_report(args.report, "quantize", reports, summary, overwrite=args.force)
     if args.quiet:
         return 0
     out = sys.stdout
-    print(f"{summary['input']} -> {summary['output']}  ({cfg.describe()}; device {summary['device']})", file=out)
+    where = f"; {summary['scheme']}, {summary['shards']} shard(s)" if "scheme" in summary else ""
+    print(f"{summary['input']} -> {summary['output']}  ({cfg.describe()}; device {summary['device']}{where})",
+          file=out)
     q = [r for r in reports if r.action == "quantized"]
     rows = [[r.name, _shape(r.shape), r.dtype, r.fmt, human_bytes(r.bytes_before), human_bytes(r.bytes_after),
              f"{r.bytes_before / r.bytes_after:.2f}x" if r.bytes_after else "-",

@@ -32,7 +32,9 @@ Converted gpt-oss experts use the same scheme with a 3-D shape [experts, rows, K
 expert; "source": "gpt-oss"); "producer" names the lowbit.__version__ that wrote the file.
 
 Modules: schema (command-line formats, output names, the metadata entries), device (CPU / CUDA
-backends and error statistics), io (reports, output checks), quantize, dequantize, gpt_oss.
+backends and error statistics), io (reports, output checks), quantize, dequantize, gpt_oss;
+model_dir, compressed_tensors and quantize_model write Hugging Face model directories in the
+compressed-tensors convention instead (docs/checkpoints.md).
 The modules call the package's ops as attributes of `lowbit` (lowbit.quantize, ...), so that
 the functions the package exports are the ones used.
 """
@@ -49,10 +51,12 @@ from .gpt_oss import (
     find_gpt_oss_pairs,
 )
 from .io import TensorReport, _check_output, _conform, _nonfinite_words
-from .quantize import Selection, _quantize_checkpoint, quantize_checkpoint, skip_reason
+from .quantize import DEFAULT_EXCLUDES, Selection, _quantize_checkpoint, quantize_checkpoint, skip_reason
+from .quantize_model import quantize_model
 from .schema import (
     _ENTRY_TENSORS,
     FLOAT_DTYPES,
+    FORMAT_ALIASES,
     FORMATS,
     LAYOUTS,
     METADATA_KEY,
@@ -72,7 +76,8 @@ from .schema import (
 )
 
 __all__ = [
-    "METADATA_KEY", "METADATA_VERSION", "LAYOUTS", "FLOAT_DTYPES", "FORMATS", "CheckpointError", "FormatSpec",
+    "METADATA_KEY", "METADATA_VERSION", "LAYOUTS", "FLOAT_DTYPES", "FORMATS", "FORMAT_ALIASES", "CheckpointError",
+    "FormatSpec", "DEFAULT_EXCLUDES", "quantize_model",
     "QuantConfig", "make_config", "output_names", "quantized_specs", "metadata_entry", "read_lowbit_metadata",
     "check_entries", "format_from_entry", "make_quantized", "cuda_status", "Backend", "TorchCudaBackend",
     "nanmax", "make_backend", "TensorReport", "Selection", "skip_reason", "quantize_checkpoint",

@@ -28,11 +28,23 @@ from .schema import (
 )
 
 
+# Tensors never quantized unless --no-default-excludes: (what, pattern searched in the name).
+DEFAULT_EXCLUDES = (
+    ("embedding", r"(^|\.)(embed_tokens|embeddings?|wte|wpe|word_embeddings|position_embeddings|"
+                  r"token_type_embeddings|embed_positions)(\.|$)"),
+    ("lm_head", r"(^|\.)(lm_head|output_layer)(\.|$)"),
+    ("norm", r"(?i)(norm|(^|\.)ln_\w*)(\.|$)"),
+    ("router", r"(^|\.)(router|gate|shared_expert_gate)\.(weight|bias)$"),
+    ("bias", r"(\.|_)bias$"),
+)
+
+
 @dataclass
 class Selection:
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
     min_size: int = 0
+    default_excludes: bool = False
 
     def __post_init__(self):
         try:
@@ -40,6 +52,7 @@ class Selection:
             self._exc = [re.compile(p) for p in self.exclude]
         except re.error as e:
             raise CheckpointError(f"bad regular expression {e.pattern!r}: {e}") from None
+        self._dflt = [(w, re.compile(p)) for w, p in DEFAULT_EXCLUDES] if self.default_excludes else []
 
 
 def skip_reason(info: st.TensorInfo, cfg: QuantConfig, sel: Selection) -> Optional[str]:
@@ -60,6 +73,9 @@ def skip_reason(info: st.TensorInfo, cfg: QuantConfig, sel: Selection) -> Option
         return f"K={k} not a multiple of the block {cfg.block}"
     if m * k < sel.min_size:
         return f"smaller than --min-size {sel.min_size}"
+    for what, p in sel._dflt:
+        if p.search(info.name):
+            return f"{what}: excluded by default (--no-default-excludes)"
     return None
 
 

@@ -14,6 +14,7 @@ from .. import safetensors_io as st
 from .._arrays import dtype_name, numpy_dtype
 from .._formats import (
     _FORMATS,
+    _ALIASES,
     CLI_FORMATS,
     CLI_SCALE_DTYPE_NAMES,
     LAYOUTS as _LAYOUT_KINDS,
@@ -60,7 +61,9 @@ def _format_spec(cli: str, api: str, description: str) -> FormatSpec:
 
 
 # command-line name -> FormatSpec, derived from the format table of lowbit._formats
-FORMATS: Dict[str, FormatSpec] = {cli: _format_spec(cli, api, d) for cli, (api, d) in CLI_FORMATS.items()}
+FORMATS: Dict[str, FormatSpec] = {name: _format_spec(name, name, d) for name, d in CLI_FORMATS.items()}
+# former command-line spellings and the other accepted aliases -> the one name (docs/cli.md)
+FORMAT_ALIASES: Dict[str, str] = {a: n for a, n in _ALIASES.items() if n in FORMATS}
 
 
 @dataclass
@@ -98,6 +101,7 @@ def make_config(fmt: str, group_size: Optional[int] = None, rounding: Optional[s
                 layout: str = "row_major", nibble_order: Optional[str] = None,
                 scale_dtype: Optional[str] = None) -> QuantConfig:
     """Checks the option combination and fills in the defaults."""
+    fmt = FORMAT_ALIASES.get(fmt, fmt)
     spec = FORMATS.get(fmt)
     if spec is None:
         raise CheckpointError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
@@ -111,7 +115,7 @@ def make_config(fmt: str, group_size: Optional[int] = None, rounding: Optional[s
         if block <= 0 or block % 2:
             raise CheckpointError(f"--group-size must be a positive even number (got {block})")
     if rounding is not None and not spec.mx:
-        raise CheckpointError(f"--rounding applies to the MX formats (mxfp4, mxfp8, mxfp8-e5m2), not {fmt}")
+        raise CheckpointError(f"--rounding applies to the MX formats (mxfp4, mxfp8_e4m3, mxfp8_e5m2), not {fmt}")
     if spec.mx and rounding is None:
         rounding = "rceil"
     if scale_dtype is not None and scale_dtype not in spec.scale_dtypes:
