@@ -15,7 +15,10 @@ lowbit's cache is lowbit.nf4_kcache_quantize of those keys (NF4 per channel + FP
 the bytes kproj_rope_nf4_encode writes); V stays bf16.
 
 lowbit rows (lowbit.attn_forward_decode_nf4, block 64):
-  attn_decode_nf4_pruned      delta = --delta (default 8: docs/design/decode_pruning.md)
+  attn_decode_nf4_pruned_dX   delta = X, one row per value of --delta (default 8 and 10: the smallest
+                              deltas whose pruning error stays below a quarter of the cache's quantization
+                              error on recorded attention (8) and on every synthetic pattern (10) in
+                              docs/design/decode_pruning.md)
   attn_decode_nf4_unpruned    delta = inf (plain attention over the cache)
   attn_decode_nf4_nores       delta = inf, use_fp8_residual=False (the residual is not read)
 anchors, each on its own cache format, timed in the same process:
@@ -57,15 +60,17 @@ from lowbit_bench.decode_cache import PATTERNS, make_qkv_numpy, make_qkv_torch  
 from lowbit_bench.timing import Timing, quantile  # noqa: E402
 
 BENCH = "bench_decode_attention"
-DEFAULT_DELTA = 8.0
+DEFAULT_DELTAS = "8,10"
 BLOCK = 64
 FP8_MAX = 448.0
 NA = "n/a (not implemented)"
-LOWBIT_OPS = [  # (op, delta or None for --delta, use_fp8_residual)
-    ("attn_decode_nf4_pruned", None, True),
-    ("attn_decode_nf4_unpruned", math.inf, True),
-    ("attn_decode_nf4_nores", math.inf, False),
-]
+PRUNED = "attn_decode_nf4_pruned"
+
+
+def lowbit_ops(deltas):
+    """(op, delta, use_fp8_residual): one pruned row per delta, then the unpruned ones."""
+    return ([(f"{PRUNED}_d{d:g}", d, True) for d in deltas]
+            + [("attn_decode_nf4_unpruned", math.inf, True), ("attn_decode_nf4_nores", math.inf, False)])
 ANCHORS = ["sdpa_bf16", "fa3_kv_bf16", "fa3_kv_fp8"]
 
 torch = None  # imported in main() where available: --help and the CPU smoke run work without torch
@@ -233,7 +238,7 @@ class Bench:
         D = Dv = a.d
         name = shape_name(B, T)
         if self.over_budget():
-            for op, _, _ in LOWBIT_OPS:
+            for op, _, _ in lowbit_ops(a.deltas):
                 self.report.add(DecodeRow(op=op, shape=name, anchor="-", batch=B, context=T,
                                           error="skipped: time budget"))
             return
@@ -253,8 +258,7 @@ class Bench:
             cache_err = "nf4_kcache_quantize: " + _err(ex)
             if a.verbose:
                 traceback.print_exc()
-        for op, delta, res in LOWBIT_OPS:
-            delta = a.delta if delta is None else delta
+        for op, delta, res in lowbit_ops(a.deltas):
             info = {"delta": delta, "timing": None, "skip": None, "check": "", "error": cache_err}
             lb[op] = info
             if cache_err:
@@ -279,7 +283,7 @@ class Bench:
                     traceback.print_exc()
 
         timed = self.anchors(q, k, v, ref, B, T)
-        for op, _, res in LOWBIT_OPS:
+        for op, _, res in lowbit_ops(a.deltas):
             info = lb[op]
             skip = info["skip"] if info["skip"] is not None else 0.0
             nbytes = lowbit_bytes(B, T, H, HK, D, Dv, skip, res)
@@ -391,24 +395,28 @@ def plot(rows: List[dict], path: str, title: str = "") -> str:
     if not batches:
         raise ValueError("no rows to plot")
     fig, axes = plt.subplots(len(batches), 2, figsize=(12, 4 * len(batches)), squeeze=False)
-    labels = {"attn_decode_nf4_pruned": "lowbit NF4+FP8 pruned", "attn_decode_nf4_unpruned": "lowbit NF4+FP8 unpruned",
+    labels = {"attn_decode_nf4_unpruned": "lowbit NF4+FP8 unpruned",
               "attn_decode_nf4_nores": "lowbit NF4 (no residual)", "sdpa_bf16": "torch SDPA bf16 (best backend)",
               "fa3_kv_bf16": "FA3 with_kvcache bf16", "fa3_kv_fp8": "FA3 with_kvcache FP8"}
-    styles = {"attn_decode_nf4_pruned": "o-", "attn_decode_nf4_unpruned": "s-", "attn_decode_nf4_nores": "^-",
+    styles = {"attn_decode_nf4_unpruned": "s-", "attn_decode_nf4_nores": "^-",
               "sdpa_bf16": "x--", "fa3_kv_bf16": "d--", "fa3_kv_fp8": "v--"}
     for i, B in enumerate(batches):
         rs = [r for r in rows if r.get("batch") == B]
         series: Dict[str, Dict[int, float]] = {}
-        skips: Dict[int, float] = {}
+        skips: Dict[str, Dict[int, float]] = {}
         for r in rs:
             ctx = r["context"]
             if r.get("lowbit_us"):
                 series.setdefault(r["op"], {})[ctx] = r["lowbit_us"]
             if r.get("anchor_us"):
                 series.setdefault(r["anchor"], {})[ctx] = r["anchor_us"]
-            if r["op"] == "attn_decode_nf4_pruned" and r.get("skip_ratio") is not None:
-                skips[ctx] = r["skip_ratio"]
+            if r["op"].startswith(PRUNED) and r.get("skip_ratio") is not None:
+                skips.setdefault(f"delta {r.get('delta'):g}", {})[ctx] = r["skip_ratio"]
         ax = axes[i][0]
+        pruned = sorted((k for k in series if k.startswith(PRUNED)), key=lambda k: float(k.split("_d")[-1]))
+        for key in pruned:
+            xs = sorted(series[key])
+            ax.plot(xs, [series[key][x] for x in xs], "o-", label=f"lowbit NF4+FP8 pruned, delta {key.split('_d')[-1]}")
         for key in labels:
             if key in series:
                 xs = sorted(series[key])
@@ -422,14 +430,16 @@ def plot(rows: List[dict], path: str, title: str = "") -> str:
         if series:
             ax.legend(fontsize=8)
         ax = axes[i][1]
-        xs = sorted(skips)
-        ax.plot(xs, [skips[x] for x in xs], "o-", color="tab:green")
-        delta = next((r.get("delta") for r in rs if r["op"] == "attn_decode_nf4_pruned"), None)
+        for lab, sk in skips.items():
+            xs = sorted(sk)
+            ax.plot(xs, [sk[x] for x in xs], "o-", label=lab)
+        if skips:
+            ax.legend(fontsize=8)
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1)
         ax.set_xlabel("context (tokens)")
         ax.set_ylabel("skip ratio (skipped blocks / blocks)")
-        ax.set_title(f"skip ratio, batch {B}, delta {delta}")
+        ax.set_title(f"skip ratio of the pruned calls, batch {B}")
         ax.grid(True, alpha=0.3)
     if title:
         fig.suptitle(title)
@@ -452,8 +462,9 @@ def parse_args(argv=None):
                    help="cpu: smoke run on lowbit's CPU reference (small shapes, host clock, no torch needed)")
     p.add_argument("--contexts", default=None, help="comma-separated contexts (with --batch: their cross product)")
     p.add_argument("--batch", default=None, help="comma-separated batch sizes (default shapes: module docstring)")
-    p.add_argument("--delta", type=float, default=DEFAULT_DELTA,
-                   help=f"pruning delta of the pruned rows (default {DEFAULT_DELTA:g}: docs/design/decode_pruning.md)")
+    p.add_argument("--delta", default=DEFAULT_DELTAS,
+                   help=f"comma-separated pruning deltas, one pruned row each (default {DEFAULT_DELTAS}: "
+                        f"docs/design/decode_pruning.md)")
     p.add_argument("--pattern", choices=list(PATTERNS), default="sinks_recency_retrieval",
                    help="structure of the keys (bench/lowbit_bench/decode_cache.py)")
     p.add_argument("--heads", default="32/8", help="H_q/H_kv (default 32/8)")
@@ -469,8 +480,12 @@ def parse_args(argv=None):
     if hq < 1 or hk < 1 or hq % hk:
         p.error("--heads: H_q must be a positive multiple of H_kv")
     args.heads = (hq, hk)
-    if not (args.delta >= 0):
-        p.error("--delta must be >= 0")
+    try:
+        args.deltas = [float(x) for x in args.delta.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--delta {args.delta!r}: expected comma-separated numbers")
+    if not args.deltas or not all(d >= 0 for d in args.deltas):
+        p.error("--delta: each value must be >= 0 (inf allowed)")
     if args.contexts is None and args.batch is None:
         shapes = default_shapes()
         if args.device == "cpu":
@@ -526,7 +541,7 @@ def main(argv=None) -> int:
                    else f"CUDA events, median, L2 {'not ' if args.no_flush else ''}flushed"),
         "inputs": f"pattern {args.pattern}: {PATTERNS[args.pattern].description}; lowbit: nf4_kcache_quantize "
                   f"(NF4 + FP8 E5M2 residual), V bf16, block {BLOCK}",
-        "pruned": f"delta {args.delta:g}",
+        "pruned": "delta " + ", ".join(f"{d:g}" for d in args.deltas),
         "bytes": "q + NF4 codes, scales and residuals of every token + V of kept blocks + out; "
                  "%ceil against the copy bandwidth",
     }
