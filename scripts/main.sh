@@ -4,8 +4,10 @@
 #   bash scripts/main.sh                         # demo: generate ./out/demo.safetensors (one bf16
 #                                                # transformer layer) and quantize it to NVFP4 and MXFP4
 #   bash scripts/main.sh IN.safetensors [FORMAT] # quantize IN to IN-minus-.safetensors.FORMAT.safetensors
-#                                                # FORMAT: nvfp4 (default) mxfp4 mxfp8 mxfp8-e5m2
-#                                                #         fp8-group int4 uint4 nf4
+#                                                # FORMAT: nvfp4 (default) mxfp4 mxfp8_e4m3 mxfp8_e5m2
+#                                                #         fp8_e4m3 fp8_e5m2 int4 uint4 nf4
+#                                                #         (former spellings mxfp8, mxfp8-e5m2,
+#                                                #         fp8-group still accepted)
 #
 # The outputs of a previous run are replaced (`lowbit quantize --force`). The `lowbit` command is
 # installed in the virtual environment, not on PATH: the script ends by saying how to run it
@@ -40,8 +42,8 @@ if [ -n "$input" ]; then
   input=$(cd "$(dirname "$input")" && pwd)/$(basename "$input")
 fi
 case "$format" in
-  nvfp4|mxfp4|mxfp8|mxfp8-e5m2|fp8-group|int4|uint4|nf4) ;;
-  *) echo "main.sh: error: unknown format '$format' (nvfp4 mxfp4 mxfp8 mxfp8-e5m2 fp8-group int4 uint4 nf4)" >&2
+  nvfp4|mxfp4|mxfp8_e4m3|mxfp8_e5m2|fp8_e4m3|fp8_e5m2|int4|uint4|nf4|mxfp8|mxfp8-e5m2|fp8-group) ;;
+  *) echo "main.sh: error: unknown format '$format' (nvfp4 mxfp4 mxfp8_e4m3 mxfp8_e5m2 fp8_e4m3 fp8_e5m2 int4 uint4 nf4)" >&2
      exit 2 ;;
 esac
 
