@@ -36,7 +36,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lowbit_bench import Report, Row, add_common_args, measure_ceilings, time_fn  # noqa: E402
+from lowbit_bench import Report, Row, add_common_args, import_torch_cuda, measure_ceilings, time_fn  # noqa: E402
 
 BENCH = "bench_attention"
 DEFAULT_SHAPES = ["b4s2048h32d128", "b1s8192h32d128", "b2s16384h16d128", "b4s2048h32d64", "b2s4096h16d256",
@@ -242,16 +242,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     global torch, lowbit
     args = parse_args(argv)
-    try:
-        import torch as _torch
-    except Exception as ex:  # noqa: BLE001
-        print(f"torch is not importable ({_err(ex)}): nothing to time (this benchmark needs torch with CUDA)",
-              file=sys.stderr)
-        return 2
-    torch = _torch
-    if not torch.cuda.is_available():
-        print("CUDA is not available: nothing to time (this benchmark needs an H100 / H200 with torch CUDA)",
-              file=sys.stderr)
+    torch = import_torch_cuda()
+    if torch is None:
         return 2
     import lowbit as _lowbit
 

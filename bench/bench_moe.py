@@ -45,7 +45,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lowbit_bench import Report, Row, add_common_args, measure_ceilings  # noqa: E402
+from lowbit_bench import Report, Row, add_common_args, import_torch_cuda, measure_ceilings  # noqa: E402
 from lowbit_bench import moe  # noqa: E402
 from lowbit_bench.moe import (  # noqa: E402
     Bench, DEFAULT_MLP_TOKENS, DEFAULT_TOKENS, _err, FAST_WINDOW, GEMMS, grouped_mm_op, HIDDEN, INTER, MODELS,
@@ -121,16 +121,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     global torch, lowbit
     args = parse_args(argv)
-    try:
-        import torch as _torch
-    except Exception as ex:  # noqa: BLE001
-        print(f"torch is not importable ({_err(ex)}): nothing to time (this benchmark needs torch with CUDA)",
-              file=sys.stderr)
-        return 2
-    torch = _torch
-    if not torch.cuda.is_available():
-        print("CUDA is not available: nothing to time (this benchmark needs an H100 / H200 with torch CUDA)",
-              file=sys.stderr)
+    torch = import_torch_cuda()
+    if torch is None:
         return 2
     try:
         import lowbit as _lowbit

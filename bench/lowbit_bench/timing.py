@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-__all__ = ["Timing", "time_fn", "l2_flush", "measure_ceilings", "quantile"]
+__all__ = ["Timing", "time_fn", "l2_flush", "measure_ceilings", "quantile", "import_torch_cuda"]
 
 
 @dataclasses.dataclass
@@ -196,3 +196,23 @@ def measure_ceilings(*, copy_bytes: int = 1 << 30, gemm_n: int = 8192, quick: bo
     torch.cuda.empty_cache()
     _CEILINGS.update(out)
     return _CEILINGS
+
+
+def import_torch_cuda():
+    """torch when it imports and sees a CUDA device; otherwise None, after saying why on stderr (a
+    benchmark then has nothing to time)."""
+    import sys
+
+    try:
+        import torch
+    except Exception as ex:  # noqa: BLE001
+        msg = " ".join(f"{type(ex).__name__}: {ex}".split())
+        msg = msg if len(msg) <= 300 else msg[:298] + ".."
+        print(f"torch is not importable ({msg}): nothing to time (this benchmark needs torch with CUDA)",
+              file=sys.stderr)
+        return None
+    if not torch.cuda.is_available():
+        print("CUDA is not available: nothing to time (this benchmark needs an H100 / H200 with torch CUDA)",
+              file=sys.stderr)
+        return None
+    return torch

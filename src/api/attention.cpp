@@ -40,13 +40,6 @@ void check_heads(const Checker& c, int64_t h, int64_t h_kv) {
 }
 
 /// 1 / sqrt(d) for NaN (the default); otherwise the value, which must be finite and > 0.
-float resolve_softmax_scale(const Checker& c, float s, int64_t d) {
-  if (std::isnan(s)) return float(1.0 / std::sqrt(double(d)));
-  if (!std::isfinite(s) || !(s > 0.0f))
-    c.fail("softmax_scale", "expected a finite value > 0 (or NaN for 1/sqrt(d)), got " + std::to_string(s));
-  return s;
-}
-
 /// CUDA: the kernel loads Q, K and V tiles with TMA, which needs a 16-byte aligned base address
 /// and strides (bytes) that are multiples of 16 on every dimension of size > 1 but the last.
 void require_tma_aligned(const Checker& c, const TensorView& t, const char* arg) {
@@ -136,7 +129,7 @@ void flash_attn_mxfp8(const TensorView& q, const TensorView& k, const TensorView
   p.heads_kv = HK;
   p.head_dim = D;
   p.causal = args.causal;
-  p.softmax_scale = resolve_softmax_scale(c, args.softmax_scale, D);
+  p.softmax_scale = resolve_softmax_scale(c, args.softmax_scale, D, "d");
   for (int i = 0; i < 3; ++i) {
     p.q_stride[i] = q.strides[i];
     p.k_stride[i] = k.strides[i];
@@ -192,7 +185,7 @@ void flash_attn_mxfp8_varlen(const TensorView& q, const TensorView& k, const Ten
   p.heads_kv = HK;
   p.head_dim = D;
   p.causal = args.causal;
-  p.softmax_scale = resolve_softmax_scale(c, args.softmax_scale, D);
+  p.softmax_scale = resolve_softmax_scale(c, args.softmax_scale, D, "d");
   p.varlen = true;
   p.total_q = TQ;
   p.total_k = TK;

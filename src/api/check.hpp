@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -312,6 +313,16 @@ inline Mat as_mat(const Checker& c, const TensorView& t, const char* arg) {
 inline std::vector<int64_t> with_batch(const TensorView& like, int64_t L, int64_t M, int64_t K) {
   if (like.ndim == 3) return {L, M, K};
   return {M, K};
+}
+
+/// An attention op's softmax_scale: NaN means 1/sqrt(head dim d); otherwise finite and > 0.
+/// d_name spells the head dimension in the message ("d", "D").
+inline float resolve_softmax_scale(const Checker& c, float s, int64_t d, const char* d_name) {
+  if (std::isnan(s)) return float(1.0 / std::sqrt(double(d)));
+  if (!std::isfinite(s) || !(s > 0.0f))
+    c.fail("softmax_scale", std::string("expected a finite value > 0 (or NaN for 1/sqrt(") + d_name + ")), got " +
+                                std::to_string(s));
+  return s;
 }
 
 inline void check_layout(const Checker& c, const ScaleLayout& l) {

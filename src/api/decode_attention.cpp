@@ -94,10 +94,7 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
                                  std::to_string(args.sub_block_size));
   if (std::isnan(args.delta) || args.delta < 0.0f)
     c.fail("delta", "expected a value >= 0 (+inf: no pruning), got " + std::to_string(args.delta));
-  float scale = args.softmax_scale;
-  if (std::isnan(scale)) scale = float(1.0 / std::sqrt(double(D)));
-  else if (!std::isfinite(scale) || !(scale > 0.0f))
-    c.fail("softmax_scale", "expected a finite value > 0 (or NaN for 1/sqrt(D)), got " + std::to_string(scale));
+  const float scale = resolve_softmax_scale(c, args.softmax_scale, D, "D");
   if (args.nibbles != NibbleOrder::kLowFirst && args.nibbles != NibbleOrder::kHighFirst)
     c.fail("nibbles", "expected NibbleOrder::kLowFirst or kHighFirst");
   c.no_overlap({{"out", &out}, {"skip_ratio", &skip_ratio}},

@@ -198,6 +198,23 @@ TEST(GpuAttention, Varlen) {
   }
 }
 
+/// The NaN pattern of one head: rows where nan_row(i) holds are NaN in lse and every channel; other
+/// elements must be NaN where nan_elem(i, c) holds and finite unless nan_allowed(i, c).
+template <typename Row, typename Elem, typename Allowed>
+void expect_nan_pattern(const Shape& s, const Data& x, const GpuOut& g, Row nan_row, Elem nan_elem, Allowed nan_allowed) {
+  for (int64_t i = 0; i < s.sq; ++i) {
+    EXPECT_EQ(std::isnan(g.lse[size_t(i)]), nan_row(i)) << "lse row " << i;
+    for (int64_t c = 0; c < s.d; ++c) {
+      const bool nan = std::isnan(decode_bf16(g.o[x.iq(0, i, 0, c)]));
+      if (nan_row(i) || nan_elem(i, c)) {
+        EXPECT_TRUE(nan) << "row " << i << " c " << c;
+      } else if (!nan_allowed(i, c)) {
+        EXPECT_FALSE(nan) << "row " << i << " c " << c;
+      }
+    }
+  }
+}
+
 TEST(GpuAttention, NaNRules) {
   if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
   // q row 5 NaN scale, key 40 NaN code, v[70, 3] NaN code; causal 200 x 200, one head
@@ -207,19 +224,10 @@ TEST(GpuAttention, NaNRules) {
   x.k[x.ik(0, 40, 0, 9)] = 0x7F;
   x.v[x.ik(0, 70, 0, 3)] = 0xFF;
   const GpuOut g = run_gpu(x, 0.125f);
-  for (int64_t i = 0; i < s.sq; ++i) {
-    const bool nan_row = i == 5 || i >= 40;
-    EXPECT_EQ(std::isnan(g.lse[size_t(i)]), nan_row) << "lse row " << i;
-    for (int64_t c = 0; c < s.d; ++c) {
-      const bool nan = std::isnan(decode_bf16(g.o[x.iq(0, i, 0, c)]));
-      if (nan_row) {
-        EXPECT_TRUE(nan) << "row " << i << " c " << c;
-      } else if (c != 3) {
-        EXPECT_FALSE(nan) << "row " << i << " c " << c;
-      }
-      // out[i, 3] for i < 70: NaN allowed (rows of the key tile that holds key 70; docs/attention.md)
-    }
-  }
+  // out[i, 3] for i < 70: NaN allowed (rows of the key tile that holds key 70; docs/attention.md)
+  expect_nan_pattern(
+      s, x, g, [](int64_t i) { return i == 5 || i >= 40; }, [](int64_t, int64_t) { return false; },
+      [](int64_t, int64_t c) { return c == 3; });
 }
 
 TEST(GpuAttention, NaNScaleBytes) {
@@ -231,18 +239,10 @@ TEST(GpuAttention, NaNScaleBytes) {
   x.ks[x.iks(0, 0, 40, 32)] = 255;
   x.vs[x.iks(0, 0, 170, 0)] = 255;
   const GpuOut g = run_gpu(x, 0.125f);
-  for (int64_t i = 0; i < s.sq; ++i) {
-    const bool nan_row = i == 5 || i >= 40;
-    EXPECT_EQ(std::isnan(g.lse[size_t(i)]), nan_row) << "lse row " << i;
-    for (int64_t c = 0; c < s.d; ++c) {
-      const bool nan = std::isnan(decode_bf16(g.o[x.iq(0, i, 0, c)]));
-      if (nan_row || (i >= 170 && c < 32)) {
-        EXPECT_TRUE(nan) << "row " << i << " c " << c;
-      } else if (c >= 32 || i < 128) {  // rows 128..169 share key 170's tile: NaN allowed in channels 0..31
-        EXPECT_FALSE(nan) << "row " << i << " c " << c;
-      }
-    }
-  }
+  // rows 128..169 share key 170's tile: NaN allowed in channels 0..31
+  expect_nan_pattern(
+      s, x, g, [](int64_t i) { return i == 5 || i >= 40; }, [](int64_t i, int64_t c) { return i >= 170 && c < 32; },
+      [](int64_t i, int64_t c) { return c < 32 && i >= 128; });
 }
 
 TEST(GpuAttention, MisalignedCodesAreRefused) {
