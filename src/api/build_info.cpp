@@ -21,7 +21,7 @@ BuildInfo build_info() {
     if (b.sm >= 90)
       for (const char* op : {"nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "group_gemm_mxfp4_nt_groupwise",
                              "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp", "flash_attn_mxfp8",
-                             "flash_attn_mxfp8_varlen"})
+                             "flash_attn_mxfp8_varlen", "mxfp4_gemm"})
         b.cuda_ops.emplace_back(op);
 #endif
   }
