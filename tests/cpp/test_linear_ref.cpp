@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +47,19 @@ struct Case {
   bool a_blocked, b_blocked, bias, packed_or_amax;
   DType out;
 };
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "M=" << c.M << " N=" << c.N << " K=" << c.K << " a=" << dtype_name(c.a) << " out=" << dtype_name(c.out);
+}
+
+/// Test name: m7_n24_k64_e4m3_ablk_bblk_bias_packed_f16 (packed_or_amax reads "amax" for nvfp4_gemm).
+std::string case_name(const ::testing::TestParamInfo<Case>& info, const char* extra) {
+  const Case& c = info.param;
+  const char* a = c.a == DType::kBFloat16 ? "bf16" : c.a == DType::kE4M3 ? "e4m3" : c.a == DType::kE5M2 ? "e5m2" : "fp4";
+  return "m" + std::to_string(c.M) + "_n" + std::to_string(c.N) + "_k" + std::to_string(c.K) + "_" + a +
+         (c.a_blocked ? "_ablk" : "") + (c.b_blocked ? "_bblk" : "") + (c.bias ? "_bias" : "") +
+         (c.packed_or_amax ? extra : "") + (c.out == DType::kFloat16 ? "_f16" : "_bf16");
+}
 
 }  // namespace
 
@@ -125,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{130, 16, 96, DType::kE5M2, false, true, true, true, DType::kBFloat16},
                       Case{65, 136, 288, DType::kE4M3, true, false, false, true, DType::kBFloat16},
                       Case{200, 8, 32, DType::kBFloat16, false, true, true, false, DType::kFloat16},
-                      Case{0, 8, 32, DType::kE4M3, false, false, true, false, DType::kBFloat16}));
+                      Case{0, 8, 32, DType::kE4M3, false, false, true, false, DType::kBFloat16}),
+    [](const ::testing::TestParamInfo<Case>& i) { return case_name(i, "_packed"); });
 
 class Nvfp4GemmRef : public ::testing::TestWithParam<Case> {};
 
@@ -197,7 +212,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{7, 24, 64, DType::kUInt8, true, true, true, true, DType::kFloat16},
                       Case{130, 9, 48, DType::kBFloat16, false, true, true, true, DType::kBFloat16},
                       Case{65, 128, 256, DType::kUInt8, false, false, false, true, DType::kBFloat16},
-                      Case{200, 3, 16, DType::kBFloat16, false, false, false, false, DType::kFloat16}));
+                      Case{200, 3, 16, DType::kBFloat16, false, false, false, false, DType::kFloat16}),
+    [](const ::testing::TestParamInfo<Case>& i) { return case_name(i, "_amax"); });
 
 namespace {
 
