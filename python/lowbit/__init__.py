@@ -29,6 +29,7 @@ from .gemm import (
     nvfp4_dual_gemm_prepack,
     nvfp4_dual_gemm_silu,
 )
+from .linear import mxfp4_gemm, mxfp4_gemm_prepack, nvfp4_gemm
 from .ops import (
     build_info,
     cast,
@@ -57,6 +58,7 @@ __all__ = [
     "nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "custom_kernel", "group_gemm_mxfp4_nt_groupwise",
     "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp",
     "flash_attn_mxfp8_func", "flash_attn_mxfp8_varlen_func", "quantize_mxfp8_attn", "flash_attn_mxfp8_quantized",
+    "mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm",
 ]
 
 

@@ -250,3 +250,46 @@ def _(x, layout="bshd", rounding="rceil"):
         return codes, x.new_empty((b, h, s, d // 32), dtype=e8m0)
     b, s, h, d = x.shape
     return x.new_empty((b, s, h, d), dtype=torch.float8_e4m3fn), x.new_empty((b, h, s, d // 32), dtype=e8m0)
+
+
+# ---------------------------------------------------------------------------------------------
+# dense linears (lowbit.linear): mxfp4_gemm (CUDA: the grouped MXFP4 kernel with one group),
+# nvfp4_gemm (CPU reference only; CUDA tensors raise NotImplementedError)
+#
+#   torch.ops.lowbit.mxfp4_gemm(a, b, b_scale, a_scale=None, bias=None, a_scale_layout="row_major",
+#       b_scale_layout="row_major", b_packed=False, n=None, out_dtype=torch.bfloat16) -> c [M, N]
+#   torch.ops.lowbit.nvfp4_gemm(a, b, b_scale, a_scale=None, amax_a=None, amax_b=None, bias=None,
+#       a_scale_layout="row_major", b_scale_layout="row_major", out_dtype=torch.bfloat16) -> c [M, N]
+
+from . import linear as _linear  # noqa: E402
+
+
+@torch.library.custom_op("lowbit::mxfp4_gemm", mutates_args=())
+def mxfp4_gemm(a: Tensor, b: Tensor, b_scale: Tensor, a_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               a_scale_layout: str = "row_major", b_scale_layout: str = "row_major", b_packed: bool = False,
+               n: Optional[int] = None, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    return _linear.mxfp4_gemm(a, b, b_scale, a_scale=a_scale, bias=bias, a_scale_layout=a_scale_layout,
+                              b_scale_layout=b_scale_layout, b_packed=b_packed, n=n, out_dtype=out_dtype)
+
+
+@mxfp4_gemm.register_fake
+def _(a, b, b_scale, a_scale=None, bias=None, a_scale_layout="row_major", b_scale_layout="row_major", b_packed=False,
+      n=None, out_dtype=torch.bfloat16):
+    if b_packed and n is None:
+        raise ValueError("mxfp4_gemm: argument 'n': is required with b_packed=True")
+    return a.new_empty((a.shape[0], n if b_packed else b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("lowbit::nvfp4_gemm", mutates_args=())
+def nvfp4_gemm(a: Tensor, b: Tensor, b_scale: Tensor, a_scale: Optional[Tensor] = None,
+               amax_a: Optional[Tensor] = None, amax_b: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               a_scale_layout: str = "row_major", b_scale_layout: str = "row_major",
+               out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    return _linear.nvfp4_gemm(a, b, b_scale, a_scale=a_scale, amax_a=amax_a, amax_b=amax_b, bias=bias,
+                              a_scale_layout=a_scale_layout, b_scale_layout=b_scale_layout, out_dtype=out_dtype)
+
+
+@nvfp4_gemm.register_fake
+def _(a, b, b_scale, a_scale=None, amax_a=None, amax_b=None, bias=None, a_scale_layout="row_major",
+      b_scale_layout="row_major", out_dtype=torch.bfloat16):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
