@@ -34,14 +34,16 @@ class MxOps:
         rng = np.random.default_rng(seed)
         self.M, self.N, self.K, self.act = M, N, K, act
         self.b = rng.integers(0, 256, size=(N, K // 2), dtype=np.uint8)
-        self.b_sc = rng.integers(118, 126, size=(N, K // 32), dtype=np.uint8)
+        # scales keep sum_k |a_k b_k| moderate (well below 2^10 at K = 4096), so an fp32
+        # accumulation stays far inside the rule's 1e-3 absolute term
+        self.b_sc = rng.integers(116, 123, size=(N, K // 32), dtype=np.uint8)
         if act == "bf16":
             self.a = rng.standard_normal((M, K), dtype=np.float32).astype(ml_dtypes.bfloat16)
             self.a_sc = None
         else:
-            x = rng.standard_normal((M, K), dtype=np.float32) * 8
-            self.a = x.astype(ACT_DTYPES[act])  # saturating-enough values (|x| < 448 / 57344)
-            self.a_sc = rng.integers(120, 130, size=(M, K // 32), dtype=np.uint8)
+            x = rng.standard_normal((M, K), dtype=np.float32) * 4
+            self.a = x.astype(ACT_DTYPES[act])  # |x| far below 448 / 57344: no saturation, no NaN
+            self.a_sc = rng.integers(121, 129, size=(M, K // 32), dtype=np.uint8)
         self.bias = rng.standard_normal(N).astype(np.float32) if bias else None
 
     def reference(self):
