@@ -130,3 +130,11 @@ def test_nvfp4_gemm_cuda_not_implemented(torch, nvfp4_a):
     with pytest.raises(NotImplementedError, match="nvfp4_gemm: no CUDA kernel yet"):
         lowbit.nvfp4_gemm(a, _dev(torch, ops.b), _dev(torch, ops.b_sc), a_scale=a_sc, out=out)
     assert bool((out == 7.0).all())
+
+
+@pytest.mark.gpu
+def test_build_info_lists_the_cuda_linears():
+    info = lowbit.build_info()
+    if info["sm"] >= 90 and "group_gemm_mxfp4_nt_groupwise" in info["cuda_ops"]:
+        assert "mxfp4_gemm" in info["cuda_ops"]
+    assert "nvfp4_gemm" not in info["cuda_ops"]  # no CUDA kernel yet
