@@ -112,6 +112,8 @@ struct BuildInfo {
   std::string device_name;       ///< device 0
   int sm = 0;                    ///< device 0 compute capability, e.g. 90
   std::vector<std::string> cuda_ops;  ///< ops that run on the device
+  /// ops that have only the CPU reference so far (their CUDA path throws NotSupportedError)
+  std::vector<std::string> cpu_only_ops;
 };
 BuildInfo build_info();
 

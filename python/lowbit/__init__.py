@@ -1,5 +1,5 @@
 """lowbit: low-precision formats (MXFP8, MXFP4, NVFP4, FP8 / INT4 / UINT4 groups, NF4) and
-their conversion kernels, GEMMs and MXFP8 flash attention.
+their conversion kernels, GEMMs, MXFP8 flash attention and NF4 K-cache decode attention.
 
 Arrays in, arrays out: every function accepts NumPy arrays (bfloat16 / fp8 through ml_dtypes)
 and torch tensors (CPU or CUDA) and returns results of the same library on the same device.
@@ -20,6 +20,7 @@ from .attention import (
     flash_attn_mxfp8_varlen_func,
     quantize_mxfp8_attn,
 )
+from .decode_attention import attn_forward_decode_nf4, kproj_rope_nf4_encode, nf4_kcache_append
 from ._formats import FORMAT_NAMES, LAYOUTS, Format, Quantized
 from .gemm import (
     custom_kernel,
@@ -58,6 +59,7 @@ __all__ = [
     "nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "custom_kernel", "group_gemm_mxfp4_nt_groupwise",
     "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp",
     "flash_attn_mxfp8_func", "flash_attn_mxfp8_varlen_func", "quantize_mxfp8_attn", "flash_attn_mxfp8_quantized",
+    "attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append",
     "mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm",
 ]
 

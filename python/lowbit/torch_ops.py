@@ -22,6 +22,16 @@ Importing this module registers (torch >= 2.4):
     torch.ops.lowbit.flash_attn_mxfp8_varlen(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q,
         cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=False) -> (out, lse)
     torch.ops.lowbit.quantize_mxfp8_attn(x, layout="bshd", rounding="rceil") -> (codes, scales)
+    torch.ops.lowbit.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, seq_lens=None,
+        precomputed_threshold=None, block_size=64, sub_block_size=16, delta=8.0,
+        use_fp8_residual=True, softmax_scale=None) -> (out, skip_ratio)
+    torch.ops.lowbit.kproj_rope_nf4_encode(x, w_k, positions, head_dim, rope_theta=10000.0,
+        residual_dtype="float8_e5m2") -> (k_nf4, k_scale, k_residual)
+    torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths) -> ()
+        (mutates k_nf4, k_scale and k_residual)
+
+The NF4 K-cache decode ops (lowbit.decode_attention) have no CUDA kernel yet: on CUDA tensors
+they raise NotImplementedError; their fakes already give the outputs' shapes.
 
 Arguments, formulas and output dtypes are those of the lowbit functions of the same names
 (lowbit.quantize etc.; 0 / "" select a format's default block / rule / scale dtype). Every op
@@ -37,6 +47,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import attention as _attn
+from . import decode_attention as _dec
 from . import ops as _ops
 from ._formats import Format, stored_scale_shape
 
@@ -250,6 +261,56 @@ def _(x, layout="bshd", rounding="rceil"):
         return codes, x.new_empty((b, h, s, d // 32), dtype=e8m0)
     b, s, h, d = x.shape
     return x.new_empty((b, s, h, d), dtype=torch.float8_e4m3fn), x.new_empty((b, h, s, d // 32), dtype=e8m0)
+
+
+# ---------------------------------------------------------------------------------------------
+# NF4 K-cache decode attention (lowbit.decode_attention)
+
+@torch.library.custom_op("lowbit::attn_forward_decode_nf4", mutates_args=())
+def attn_forward_decode_nf4(q: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residual: Optional[Tensor], v: Tensor,
+                            seq_lens: Optional[Tensor] = None, precomputed_threshold: Optional[Tensor] = None,
+                            block_size: int = 64, sub_block_size: int = 16, delta: float = 8.0,
+                            use_fp8_residual: bool = True,
+                            softmax_scale: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+    return _dec.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, seq_lens=seq_lens, block_size=block_size,
+                                        sub_block_size=sub_block_size, delta=delta,
+                                        precomputed_threshold=precomputed_threshold,
+                                        use_fp8_residual=use_fp8_residual, return_skip_ratio=True,
+                                        softmax_scale=softmax_scale)
+
+
+@attn_forward_decode_nf4.register_fake
+def _(q, k_nf4, k_scale, k_residual, v, seq_lens=None, precomputed_threshold=None, block_size=64, sub_block_size=16,
+      delta=8.0, use_fp8_residual=True, softmax_scale=None):
+    b, _, h, _ = q.shape
+    return (q.new_empty((b, h, v.shape[3]), dtype=torch.bfloat16),
+            q.new_empty((b, k_nf4.shape[2]), dtype=torch.float32))
+
+
+@torch.library.custom_op("lowbit::kproj_rope_nf4_encode", mutates_args=())
+def kproj_rope_nf4_encode(x: Tensor, w_k: Tensor, positions: Tensor, head_dim: int, rope_theta: float = 10000.0,
+                          residual_dtype: str = "float8_e5m2") -> Tuple[Tensor, Tensor, Tensor]:
+    return _dec.kproj_rope_nf4_encode(x, w_k, positions, head_dim=head_dim, rope_theta=rope_theta,
+                                      residual_dtype=residual_dtype)
+
+
+@kproj_rope_nf4_encode.register_fake
+def _(x, w_k, positions, head_dim, rope_theta=10000.0, residual_dtype="float8_e5m2"):
+    b, t, _ = x.shape
+    hk = w_k.shape[0] // head_dim
+    return (x.new_empty((b, t, hk, head_dim // 2), dtype=torch.uint8),
+            x.new_empty((b, hk, head_dim), dtype=torch.float32),
+            x.new_empty((b, t, hk, head_dim), dtype=_CODE_DTYPES[residual_dtype]))
+
+
+@torch.library.custom_op("lowbit::nf4_kcache_append", mutates_args=("k_nf4", "k_scale", "k_residual"))
+def nf4_kcache_append(k_new: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residual: Tensor, lengths: Tensor) -> None:
+    _dec.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths)
+
+
+@nf4_kcache_append.register_fake
+def _(k_new, k_nf4, k_scale, k_residual, lengths):
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -127,6 +127,7 @@ NB_MODULE(_C, m) {
   lowbit_bind::bind_gemm(m);
   lowbit_bind::bind_moe(m);
   lowbit_bind::bind_attention(m);
+  lowbit_bind::bind_decode_attention(m);
   lowbit_bind::bind_linear(m);
 
   m.def(
@@ -145,7 +146,8 @@ NB_MODULE(_C, m) {
         d["device_name"] = b.device_name;
         d["sm"] = b.sm;
         d["cuda_ops"] = b.cuda_ops;
+        d["cpu_only_ops"] = b.cpu_only_ops;
         return d;
       },
-      "dict: version, cuda_built, cuda_runtime_version, device_count, device_name, sm, cuda_ops.");
+      "dict: version, cuda_built, cuda_runtime_version, device_count, device_name, sm, cuda_ops, cpu_only_ops.");
 }

@@ -10,8 +10,8 @@
 
 namespace lowbit::detail {
 
-/// The kernels an op's CUDA path needs: the format ops' (any CUDA build) or the sm_90a GEMM
-/// kernels (CUDA + CUTLASS builds).
+/// The kernels an op's CUDA path needs: the format ops' (any CUDA build) or the sm_90a kernels
+/// built on CUTLASS / CuTe (GEMM, MoE, attention: CUDA + CUTLASS builds).
 enum class Kernels { kCuda, kSm90Gemm };
 
 #if LOWBIT_WITH_CUDA
@@ -46,7 +46,7 @@ void run_on_device(const Checker& c, F&& launch) {
       throw NotSupportedError(std::string(c.op) + ": this build of lowbit has no CUDA kernels; pass CPU tensors");
     else
       throw NotSupportedError(std::string(c.op) +
-                              ": this build has no sm_90a GEMM kernels (CUDA + CUTLASS headers needed)");
+                              ": this build has no sm_90a GEMM / MoE / attention kernels (CUDA + CUTLASS headers needed)");
   }
 }
 

@@ -9,9 +9,11 @@
 //   plan_moe.hpp        GroupGemmPlan (also the dense mxfp4_gemm), Mxfp4PackPlan, MoeMlpPlan
 //   plan_linear.hpp     Nvfp4GemmPlan
 //   plan_attention.hpp  AttnMxfp8Plan
+//   plan_decode.hpp     DecodeNf4Plan, KprojRopePlan, KCacheAppendPlan
 #pragma once
 
 #include "core/plan_attention.hpp"
+#include "core/plan_decode.hpp"
 #include "core/plan_formats.hpp"
 #include "core/plan_gemm.hpp"
 #include "core/plan_kcache.hpp"

@@ -184,7 +184,7 @@ def test_format_objects():
 def test_build_info_and_version():
     info = lowbit.build_info()
     assert set(info) == {"version", "cuda_built", "cuda_runtime_version", "device_count", "device_name", "sm",
-                         "cuda_ops"}
+                         "cuda_ops", "cpu_only_ops"}
     assert info["version"] == lowbit.__version__
     if not info["cuda_built"]:
         assert info["device_count"] == 0 and info["cuda_ops"] == []

@@ -161,6 +161,39 @@ def test_custom_ops_fake_shapes():
             assert (tuple(r.shape), r.dtype, r.stride()) == (tuple(f.shape), f.dtype, f.stride()), op
 
 
+def test_decode_custom_ops_cpu():
+    """The NF4 K-cache decode ops (CPU reference): fakes match, results equal the functions'."""
+    import lowbit.torch_ops  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.Generator().manual_seed(3)
+    c, s, r = lowbit.nf4_kcache_quantize(torch.randn((2, 40, 2, 64), generator=g))
+    q = torch.randn((2, 1, 4, 64), generator=g).to(torch.bfloat16)
+    v = torch.randn((2, 40, 2, 64), generator=g).to(torch.bfloat16)
+    x = torch.randn((2, 5, 16), generator=g)
+    w = torch.randn((128, 16), generator=g)
+    pos = torch.arange(5, dtype=torch.int32).expand(2, 5).contiguous()
+    cases = [(torch.ops.lowbit.attn_forward_decode_nf4.default, (q, c, s, r, v, None, None, 16, 8, 2.0)),
+             (torch.ops.lowbit.kproj_rope_nf4_encode.default, (x, w, pos, 64))]
+    for op, args in cases:
+        torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+        real = op(*args)
+        with FakeTensorMode() as mode:
+            fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+        for rt, ft in zip(real, fake):
+            assert (tuple(rt.shape), rt.dtype, rt.stride()) == (tuple(ft.shape), ft.dtype, ft.stride()), op
+    out, ratio = torch.ops.lowbit.attn_forward_decode_nf4(q, c, s, r, v, None, None, 16, 8, 2.0)
+    out2, ratio2 = lowbit.attn_forward_decode_nf4(q, c, s, r, v, block_size=16, sub_block_size=8, delta=2.0,
+                                                  return_skip_ratio=True)
+    assert torch.equal(out.view(torch.int16), out2.view(torch.int16)) and torch.equal(ratio, ratio2)
+    c2, s2, r2 = c.clone(), s.clone(), r.clone()
+    new = torch.randn((2, 1, 2, 64), generator=g) * 4
+    lens = torch.tensor([10, 39], dtype=torch.int32)
+    torch.ops.lowbit.nf4_kcache_append(new, c, s, r, lens)
+    lowbit.nf4_kcache_append(new, c2, s2, r2, lens)
+    assert torch.equal(c, c2) and torch.equal(s, s2) and torch.equal(r.view(torch.uint8), r2.view(torch.uint8))
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA (byte for byte against the CPU reference)
 

@@ -1,0 +1,105 @@
+// lowbit/decode_attention.hpp: decode attention over an NF4 + FP8-residual K cache with block
+// pruning, the fused K projection + RoPE + NF4 encode that fills the cache, and the append of
+// decode tokens to it (C++ API; docs/decode_attention.md). CPU tensors run the fp64 reference in
+// src/ref/ref_decode_attention.cpp; CUDA tensors throw NotSupportedError until the sm_90a kernels
+// exist (never a silent fallback).
+//
+// The K cache (the element rule of lowbit/kcache.hpp, the layout of nf4_kcache_quantize):
+//   k_nf4      [B, T, H_kv, D/2] uint8: two NF4 codes per byte along D; element 2i in the low
+//              nibble (NibbleOrder::kLowFirst, the default) or the high one (kHighFirst)
+//   k_scale    [B, H_kv, D] float32 (attention also takes bfloat16): one scale per channel,
+//              shared by every token
+//   k_residual [B, T, H_kv, D] float8_e5m2 or float8_e4m3fn
+//   key        k[b, t, h, c] = nf4[code] * k_scale[b, h, c] + residual[b, t, h, c]   (fp32 ops)
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "lowbit/ops.hpp"
+
+namespace lowbit {
+
+/// Options of attn_forward_decode_nf4.
+struct DecodeNf4Args {
+  int64_t block_size = 64;      ///< tokens per pruning block (1 .. 2^31-1)
+  int64_t sub_block_size = 16;  ///< tokens per sub-block (>= 1, divides block_size): the tiling of
+                                ///< the block max; it does not change any result
+  /// Threshold margin in natural-log score units (>= 0; +inf turns pruning off). Ignored when a
+  /// precomputed threshold is given.
+  float delta = 8.0f;
+  bool use_fp8_residual = true;  ///< false: keys are nf4[code] * scale (k_residual not read)
+  /// Multiplies q . k; NaN (the default) means 1 / sqrt(D). Must be finite and > 0 otherwise.
+  float softmax_scale = std::numeric_limits<float>::quiet_NaN();
+  NibbleOrder nibbles = NibbleOrder::kLowFirst;
+};
+
+/// Decode attention (one query token per sequence) with threshold block pruning, two stages.
+///
+///   s[h, t]  = softmax_scale * sum_c q[b, 0, h, c] * k[b, t, h / G, c]       (fp64, natural log)
+///   L        = seq_lens[b] (T when seq_lens is absent); tokens 0 .. L-1 are attended
+///   blocks   j = 0 .. n-1, n = ceil(L / block_size), block j = tokens [j*bs, min((j+1)*bs, L))
+///   M[h, j]  = max of s[h, t] over block j (the max of its sub-block maxima)
+///   thr[h]   = max(M[h, 0], M[h, n-1]) - delta, or precomputed_threshold[b, h] when given
+///   keep[g, j] = j == 0 || j == n-1 || some query head h of KV group g has !(M[h, j] < thr[h])
+///   stage 1: per kept block and head, m = M[h, j], l = sum exp(s - m), o = sum exp(s - m) v[t]
+///   stage 2: out[b, h] = sum_j exp(m_j - m*) o_j / sum_j exp(m_j - m*) l_j over kept blocks,
+///            m* = max_j m_j; rounded once to bfloat16
+///   skip_ratio[b, g] = skipped blocks of KV head g / n
+/// G = H_q / H_kv. NaN: a block whose max is NaN is never skipped; a NaN or infinite score among
+/// the kept tokens of head h makes out[b, h, :] NaN; a NaN v[t, c] makes out[b, h, c] NaN for the
+/// heads whose kept blocks hold t. With delta = +inf every block is kept: plain attention.
+///
+/// Shapes: q [B, 1, H_q, D] bfloat16; k_nf4 / k_scale / k_residual as above (k_residual may be
+/// absent when use_fp8_residual is false); v [B, T, H_kv, Dv] bfloat16; seq_lens int32 [B]
+/// (each in 1..T) or absent; precomputed_threshold float32 [B, H_q] or absent; out
+/// [B, H_q, Dv] bfloat16; skip_ratio float32 [B, H_kv] or absent. D, Dv in {64, 128, 256};
+/// H_q % H_kv == 0; T >= 1. Every tensor's last dimension is contiguous, other strides free;
+/// seq_lens and precomputed_threshold contiguous.
+void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const TensorView& k_scale,
+                             const TensorView& k_residual, const TensorView& v, const TensorView& seq_lens,
+                             const TensorView& precomputed_threshold, const TensorView& out,
+                             const TensorView& skip_ratio, const DecodeNf4Args& args = {}, Stream stream = {});
+
+/// Options of kproj_rope_nf4_encode.
+struct KprojRopeArgs {
+  double rope_theta = 10000.0;  ///< base of the rotary frequencies (finite, > 0)
+  NibbleOrder nibbles = NibbleOrder::kLowFirst;
+};
+
+/// Fused K projection + RoPE + NF4 / FP8-residual encode (two passes: the per-channel amax over T,
+/// then the encode), writing the whole cache of a prefill:
+///
+///   p[b, t, h, c]  = sum_i x[b, t, i] * w_k[h*D + c, i]                      (fp64, then fp32)
+///   rotate-half (neox / llama) RoPE, for c < D/2, f_c = rope_theta^(-2c / D),
+///   a = positions[b, t] * f_c:
+///     k[.., c]       = p[.., c] * cos a - p[.., c + D/2] * sin a               (fp64, then fp32)
+///     k[.., c + D/2] = p[.., c + D/2] * cos a + p[.., c] * sin a
+///   then nf4_kcache_quantize(k): scale = finite amax over T, codes, residual (lowbit/kcache.hpp)
+///
+/// x [B, T, hidden] float32 / float16 / bfloat16; w_k [H_kv * D, hidden] (torch Linear weight
+/// layout) of the same dtypes; positions int32 / int64 [B, T]; outputs k_nf4 [B, T, H_kv, D/2]
+/// uint8, k_scale [B, H_kv, D] float32, k_residual [B, T, H_kv, D] float8_e5m2 / e4m3fn, and
+/// optionally k_out [B, T, H_kv, D] float32 (the rotated keys before the encode). D even;
+/// H_kv is w_k.shape[0] / D, so D is given: head_dim.
+void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const TensorView& positions,
+                           int64_t head_dim, const TensorView& k_nf4, const TensorView& k_scale,
+                           const TensorView& k_residual, const TensorView& k_out, const KprojRopeArgs& args = {},
+                           Stream stream = {});
+
+/// Appends N new (already rotated) keys per sequence to an NF4 + residual K cache, in place.
+/// Sequence b holds lengths[b] tokens; k_new[b, i] becomes token lengths[b] + i
+/// (lengths[b] + N <= T). Per (b, h, c), with a = finite amax of the new tokens of that channel
+/// and s the stored scale:
+///   a <= s: the new tokens are encoded with s (code, residual: the kcache.hpp rule);
+///   a >  s: the channel is rescaled: s' = a; each cached token t < lengths[b] is decoded
+///           (nf4[code] * s + residual, fp32) and re-encoded with s'; the new tokens with s'.
+/// So the scale stays the finite amax of every token written, and every token decodes within
+/// one FP8 rounding of its residual (a rescaled token: of each re-encode) of its value.
+/// Tokens at or beyond lengths[b] + N are not touched. k_new [B, N, H_kv, D] float32 / float16
+/// / bfloat16; lengths int32 [B] (each in 0..T-N); k_scale float32.
+void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const TensorView& k_scale,
+                       const TensorView& k_residual, const TensorView& lengths,
+                       NibbleOrder nibbles = NibbleOrder::kLowFirst, Stream stream = {});
+
+}  // namespace lowbit

@@ -1,0 +1,261 @@
+// src/api/decode_attention.cpp: argument validation and dispatch of the NF4 K-cache decode ops
+// (lowbit/decode_attention.hpp): attn_forward_decode_nf4, kproj_rope_nf4_encode and
+// nf4_kcache_append. Every argument is checked before anything is written; CPU tensors then run
+// the reference (src/ref/ref_decode_attention.cpp, src/ref/ref_kcache_encode.cpp). No CUDA kernel
+// exists yet: CUDA tensors are refused with NotSupportedError after validation (the launchers of
+// src/cuda/attention/launch_decode.hpp are declared for the kernels to come).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "api/check.hpp"
+#include "core/plan_decode.hpp"
+#include "lowbit/decode_attention.hpp"
+#include "ref/ref_decode_attention.hpp"
+#include "cuda/attention/launch_decode.hpp"  // declarations only: no kernel yet, never called
+
+namespace lowbit {
+using namespace detail;
+
+namespace {
+
+const DTypes kFloatTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+const DTypes kResidualTypes = {DType::kE5M2, DType::kE4M3};
+
+void check_dim(const Checker& c, const char* arg, const char* name, int64_t d) {
+  if (d != 64 && d != 128 && d != 256)
+    c.fail(arg, std::string(name) + " = " + std::to_string(d) + " is not supported: expected 64, 128 or 256");
+}
+
+/// The CUDA path of every op here: validated, then refused (no silent fallback to the CPU).
+[[noreturn]] void no_cuda_kernel(const Checker& c) {
+  throw NotSupportedError(std::string(c.op) +
+                          ": no CUDA kernel yet for this op (the CPU reference runs on CPU tensors; "
+                          "docs/decode_attention.md)");
+}
+
+/// A host int32 [B] vector copied once (what the reference reads), each value in [lo, hi].
+std::vector<int32_t> host_lengths(const Checker& c, const TensorView& t, const char* arg, int64_t B, int64_t lo,
+                                  int64_t hi) {
+  std::vector<int32_t> v(static_cast<size_t>(B));
+  if (B > 0) std::memcpy(v.data(), t.data, size_t(B) * sizeof(int32_t));
+  for (int64_t b = 0; b < B; ++b)
+    if (v[size_t(b)] < lo || v[size_t(b)] > hi)
+      c.fail(arg, "element " + std::to_string(b) + " is " + std::to_string(v[size_t(b)]) + ", expected a value in " +
+                      std::to_string(lo) + ".." + std::to_string(hi));
+  return v;
+}
+
+}  // namespace
+
+void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const TensorView& k_scale,
+                             const TensorView& k_residual, const TensorView& v, const TensorView& seq_lens,
+                             const TensorView& precomputed_threshold, const TensorView& out,
+                             const TensorView& skip_ratio, const DecodeNf4Args& args, Stream stream) {
+  (void)stream;
+  Checker c{"attn_forward_decode_nf4"};
+  c.require(q, Req("q").dtypes({DType::kBFloat16}).rank(4, "[B, 1, H_q, D]").last_contiguous());
+  const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3];
+  if (q.shape[1] != 1) c.fail("q", "expected one query token per sequence ([B, 1, H_q, D]), got " + q.describe());
+  check_dim(c, "q", "head dim D", D);
+  c.require(k_nf4, Req("k_nf4").dtypes({DType::kUInt8}).rank(4, "[B, T, H_kv, D/2]"));
+  const int64_t T = k_nf4.shape[1], HK = k_nf4.shape[2];
+  c.shape(k_nf4, "k_nf4", {B, T, HK, D / 2});
+  c.last_contiguous(k_nf4, "k_nf4");
+  if (T < 1) c.fail("k_nf4", "expected T >= 1 cached tokens, got " + k_nf4.describe());
+  if (HK < 1) c.fail("k_nf4", "expected at least one KV head, got " + k_nf4.describe());
+  if (H < 1 || H % HK != 0)
+    c.fail("q", "the query heads H_q = " + std::to_string(H) + " must be a positive multiple of the KV heads H_kv = " +
+                    std::to_string(HK));
+  c.require(k_scale, Req("k_scale").dtypes({DType::kFloat32, DType::kBFloat16}).shape({B, HK, D}).last_contiguous());
+  if (args.use_fp8_residual || k_residual.present())
+    c.require(k_residual, Req("k_residual").dtypes(kResidualTypes).shape({B, T, HK, D}).last_contiguous());
+  c.require(v, Req("v").dtypes({DType::kBFloat16}).rank(4, "[B, T, H_kv, Dv]"));
+  const int64_t DV = v.shape[3];
+  c.shape(v, "v", {B, T, HK, DV});
+  check_dim(c, "v", "value head dim Dv", DV);
+  c.last_contiguous(v, "v");
+  if (seq_lens.present())
+    c.require(seq_lens, Req("seq_lens").dtypes({DType::kInt32}).shape({B}).contiguous("seq_lens"));
+  if (precomputed_threshold.present())
+    c.require(precomputed_threshold, Req("precomputed_threshold")
+                                         .dtypes({DType::kFloat32})
+                                         .shape({B, H})
+                                         .contiguous("precomputed_threshold"));
+  c.require(out, Req("out").dtypes({DType::kBFloat16}).shape({B, H, DV}).last_contiguous());
+  if (skip_ratio.present()) c.require(skip_ratio, Req("skip_ratio").dtypes({DType::kFloat32}).shape({B, HK}));
+  if (args.block_size < 1 || args.block_size > std::numeric_limits<int32_t>::max())
+    c.fail("block_size", "expected a value in 1..2^31-1, got " + std::to_string(args.block_size));
+  if (args.sub_block_size < 1 || args.block_size % args.sub_block_size != 0)
+    c.fail("sub_block_size", "expected a divisor of block_size = " + std::to_string(args.block_size) + ", got " +
+                                 std::to_string(args.sub_block_size));
+  if (std::isnan(args.delta) || args.delta < 0.0f)
+    c.fail("delta", "expected a value >= 0 (+inf: no pruning), got " + std::to_string(args.delta));
+  float scale = args.softmax_scale;
+  if (std::isnan(scale)) scale = float(1.0 / std::sqrt(double(D)));
+  else if (!std::isfinite(scale) || !(scale > 0.0f))
+    c.fail("softmax_scale", "expected a finite value > 0 (or NaN for 1/sqrt(D)), got " + std::to_string(scale));
+  if (args.nibbles != NibbleOrder::kLowFirst && args.nibbles != NibbleOrder::kHighFirst)
+    c.fail("nibbles", "expected NibbleOrder::kLowFirst or kHighFirst");
+  c.no_overlap({{"out", &out}, {"skip_ratio", &skip_ratio}},
+               {{"q", &q}, {"k_nf4", &k_nf4}, {"k_scale", &k_scale}, {"k_residual", &k_residual}, {"v", &v},
+                {"seq_lens", &seq_lens}, {"precomputed_threshold", &precomputed_threshold}});
+
+  DecodeNf4Plan p;
+  p.batch = B;
+  p.seqlen = T;
+  p.heads = H;
+  p.heads_kv = HK;
+  p.head_dim = D;
+  p.head_dim_v = DV;
+  p.block_size = args.block_size;
+  p.sub_block_size = args.sub_block_size;
+  p.delta = args.delta;
+  p.softmax_scale = scale;
+  p.use_residual = args.use_fp8_residual;
+  p.scale_dtype = k_scale.dtype;
+  p.residual_dtype = k_residual.present() ? k_residual.dtype : DType::kE5M2;
+  p.nibbles = args.nibbles;
+  p.has_seq_lens = seq_lens.present();
+  p.has_threshold = precomputed_threshold.present();
+  p.has_skip_ratio = skip_ratio.present();
+  for (int i = 0; i < 3; ++i) {
+    p.q_stride[i] = q.strides[i];
+    p.kc_stride[i] = k_nf4.strides[i];
+    p.kr_stride[i] = k_residual.present() ? k_residual.strides[i] : 0;
+    p.v_stride[i] = v.strides[i];
+  }
+  for (int i = 0; i < 2; ++i) {
+    p.ks_stride[i] = k_scale.strides[i];
+    p.o_stride[i] = out.strides[i];
+    p.sr_stride[i] = skip_ratio.present() ? skip_ratio.strides[i] : 0;
+  }
+  DecodeNf4Ptrs x;
+  x.q = q.ptr<const uint16_t>();
+  x.k_nf4 = k_nf4.ptr<const uint8_t>();
+  x.k_scale = k_scale.data;
+  x.k_residual = k_residual.present() ? k_residual.ptr<const uint8_t>() : nullptr;
+  x.v = v.ptr<const uint16_t>();
+  x.threshold = precomputed_threshold.present() ? precomputed_threshold.ptr<const float>() : nullptr;
+  x.out = out.ptr<uint16_t>();
+  x.skip_ratio = skip_ratio.present() ? skip_ratio.ptr<float>() : nullptr;
+  if (c.dev != Device::kCPU) no_cuda_kernel(c);
+  std::vector<int32_t> lens;
+  if (seq_lens.present()) {
+    lens = host_lengths(c, seq_lens, "seq_lens", B, 1, T);
+    x.seq_lens = lens.data();
+  }
+  if (B > 0) ref::attn_decode_nf4(p, x);
+}
+
+void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const TensorView& positions, int64_t head_dim,
+                           const TensorView& k_nf4, const TensorView& k_scale, const TensorView& k_residual,
+                           const TensorView& k_out, const KprojRopeArgs& args, Stream stream) {
+  (void)stream;
+  Checker c{"kproj_rope_nf4_encode"};
+  c.require(x, Req("x").dtypes(kFloatTypes).rank(3, "[B, T, hidden]"));
+  const int64_t B = x.shape[0], T = x.shape[1], E = x.shape[2];
+  if (head_dim < 2 || head_dim % 2 != 0)
+    c.fail("head_dim", "expected an even head dim >= 2 (rotate-half RoPE, two NF4 codes per byte), got " +
+                           std::to_string(head_dim));
+  c.require(w_k, Req("w_k").dtypes(kFloatTypes).rank(2, "[H_kv * head_dim, hidden]"));
+  if (w_k.shape[1] != E)
+    c.fail("w_k", "expected hidden = " + std::to_string(E) + " columns (x's last dimension), got " + w_k.describe());
+  if (w_k.shape[0] < 1 || w_k.shape[0] % head_dim != 0)
+    c.fail("w_k", "the rows must be a positive multiple of head_dim = " + std::to_string(head_dim) + ", got " +
+                      w_k.describe());
+  const int64_t H = w_k.shape[0] / head_dim, D = head_dim;
+  c.require(positions, Req("positions").dtypes({DType::kInt32, DType::kInt64}).shape({B, T}));
+  c.require(k_nf4, Req("k_nf4").dtypes({DType::kUInt8}).shape({B, T, H, D / 2}));
+  c.require(k_scale, Req("k_scale").dtypes({DType::kFloat32}).shape({B, H, D}));
+  c.require(k_residual, Req("k_residual").dtypes(kResidualTypes).shape({B, T, H, D}));
+  if (k_out.present()) c.require(k_out, Req("k_out").dtypes({DType::kFloat32}).shape({B, T, H, D}).last_contiguous());
+  if (!std::isfinite(args.rope_theta) || !(args.rope_theta > 0.0))
+    c.fail("rope_theta", "expected a finite value > 0, got " + std::to_string(args.rope_theta));
+  c.no_overlap({{"k_nf4", &k_nf4}, {"k_scale", &k_scale}, {"k_residual", &k_residual}, {"k_out", &k_out}},
+               {{"x", &x}, {"w_k", &w_k}, {"positions", &positions}});
+
+  KprojRopePlan p;
+  p.batch = B;
+  p.seqlen = T;
+  p.hidden = E;
+  p.heads_kv = H;
+  p.head_dim = D;
+  p.x = x.data;
+  p.x_dtype = x.dtype;
+  for (int i = 0; i < 3; ++i) p.x_stride[i] = x.strides[i];
+  p.w = w_k.data;
+  p.w_dtype = w_k.dtype;
+  p.w_stride[0] = w_k.strides[0];
+  p.w_stride[1] = w_k.strides[1];
+  p.positions = positions.data;
+  p.positions64 = positions.dtype == DType::kInt64;
+  p.p_stride[0] = positions.strides[0];
+  p.p_stride[1] = positions.strides[1];
+  p.rope_theta = args.rope_theta;
+  if (k_out.present()) {
+    p.k_out = k_out.ptr<float>();
+    for (int i = 0; i < 3; ++i) p.ko_stride[i] = k_out.strides[i];
+  }
+  KCachePlan& kc = p.cache;
+  kc.B = B; kc.T = T; kc.H = H; kc.D = D;
+  kc.codes = k_nf4.ptr<uint8_t>();
+  kc.scale = k_scale.ptr<float>();
+  kc.residual = k_residual.ptr<uint8_t>();
+  kc.r_dtype = k_residual.dtype;
+  for (int i = 0; i < 4; ++i) {
+    kc.c_s[i] = k_nf4.strides[i];
+    kc.r_s[i] = k_residual.strides[i];
+  }
+  for (int i = 0; i < 3; ++i) kc.s_s[i] = k_scale.strides[i];
+  kc.order = args.nibbles;
+  if (c.dev != Device::kCPU) no_cuda_kernel(c);
+  if (B > 0 && T > 0) ref::kproj_rope_nf4_encode(p);
+}
+
+void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const TensorView& k_scale,
+                       const TensorView& k_residual, const TensorView& lengths, NibbleOrder nibbles, Stream stream) {
+  (void)stream;
+  Checker c{"nf4_kcache_append"};
+  c.require(k_new, Req("k_new").dtypes(kFloatTypes).rank(4, "[B, N, H_kv, D]"));
+  const int64_t B = k_new.shape[0], N = k_new.shape[1], H = k_new.shape[2], D = k_new.shape[3];
+  if (D % 2 != 0) c.fail("k_new", "head dim D = " + std::to_string(D) + " must be even (two NF4 codes per byte)");
+  c.require(k_nf4, Req("k_nf4").dtypes({DType::kUInt8}).rank(4, "[B, T, H_kv, D/2]"));
+  const int64_t T = k_nf4.shape[1];
+  c.shape(k_nf4, "k_nf4", {B, T, H, D / 2});
+  if (N > T) c.fail("k_new", "N = " + std::to_string(N) + " new tokens exceed the cache's T = " + std::to_string(T));
+  c.require(k_scale, Req("k_scale").dtypes({DType::kFloat32}).shape({B, H, D}));
+  c.require(k_residual, Req("k_residual").dtypes(kResidualTypes).shape({B, T, H, D}));
+  c.require(lengths, Req("lengths").dtypes({DType::kInt32}).shape({B}).contiguous("lengths"));
+  if (nibbles != NibbleOrder::kLowFirst && nibbles != NibbleOrder::kHighFirst)
+    c.fail("nibbles", "expected NibbleOrder::kLowFirst or kHighFirst");
+  c.no_overlap({{"k_nf4", &k_nf4}, {"k_scale", &k_scale}, {"k_residual", &k_residual}},
+               {{"k_new", &k_new}, {"lengths", &lengths}});
+
+  KCacheAppendPlan p;
+  KCachePlan& kc = p.cache;
+  kc.B = B; kc.T = N; kc.H = H; kc.D = D;
+  kc.k = k_new.data;
+  kc.k_dtype = k_new.dtype;
+  kc.codes = k_nf4.ptr<uint8_t>();
+  kc.scale = k_scale.ptr<float>();
+  kc.residual = k_residual.ptr<uint8_t>();
+  kc.r_dtype = k_residual.dtype;
+  for (int i = 0; i < 4; ++i) {
+    kc.k_s[i] = k_new.strides[i];
+    kc.c_s[i] = k_nf4.strides[i];
+    kc.r_s[i] = k_residual.strides[i];
+  }
+  for (int i = 0; i < 3; ++i) kc.s_s[i] = k_scale.strides[i];
+  kc.order = nibbles;
+  p.cache_T = T;
+  if (c.dev != Device::kCPU) no_cuda_kernel(c);
+  const std::vector<int32_t> lens = host_lengths(c, lengths, "lengths", B, 0, T - N);
+  p.lengths = lens.data();
+  if (B > 0 && N > 0) ref::nf4_kcache_append(p);
+}
+
+}  // namespace lowbit

@@ -1,0 +1,88 @@
+// src/core/plan_decode.hpp: the validated descriptions of the NF4 K-cache decode ops
+// (lowbit/decode_attention.hpp): the pruned decode attention, the fused K projection + RoPE +
+// NF4 encode and the cache append. Shared by the CPU reference (src/ref/ref_decode_attention.cpp)
+// and the future sm_90a kernels (src/cuda/attention/launch_decode.hpp). Everything here has been
+// checked by the API layer (src/api/decode_attention.cpp): implementations trust it.
+#pragma once
+
+#include <cstdint>
+
+#include "core/plan_formats.hpp"
+#include "core/plan_kcache.hpp"
+
+namespace lowbit::detail {
+
+struct DecodeNf4Plan {
+  int64_t batch = 0;      ///< B
+  int64_t seqlen = 0;     ///< T: tokens the cache holds (seq_lens[b] <= T)
+  int64_t heads = 0;      ///< query heads H_q
+  int64_t heads_kv = 0;   ///< KV heads H_kv (heads % heads_kv == 0)
+  int64_t head_dim = 0;   ///< D in {64, 128, 256}
+  int64_t head_dim_v = 0; ///< Dv in {64, 128, 256}
+  int64_t block_size = 64;
+  int64_t sub_block_size = 16;  ///< divides block_size
+  float delta = 8.0f;           ///< >= 0 or +inf
+  float softmax_scale = 0.f;    ///< resolved (default 1/sqrt(D))
+  bool use_residual = true;
+  DType scale_dtype = DType::kFloat32;   ///< k_scale: float32 or bfloat16
+  DType residual_dtype = DType::kE5M2;   ///< k_residual: E5M2 or E4M3
+  NibbleOrder nibbles = NibbleOrder::kLowFirst;
+  bool has_seq_lens = false;
+  bool has_threshold = false;
+  bool has_skip_ratio = false;
+
+  // Element strides (last dimension contiguous).
+  int64_t q_stride[3] = {0, 0, 0};   ///< q [B, 1, H_q, D]: {batch, (unused), head}
+  int64_t kc_stride[3] = {0, 0, 0};  ///< k_nf4 [B, T, H_kv, D/2]: {batch, token, head} in bytes
+  int64_t ks_stride[2] = {0, 0};     ///< k_scale [B, H_kv, D]: {batch, head}
+  int64_t kr_stride[3] = {0, 0, 0};  ///< k_residual [B, T, H_kv, D]: {batch, token, head}
+  int64_t v_stride[3] = {0, 0, 0};   ///< v [B, T, H_kv, Dv]: {batch, token, head}
+  int64_t o_stride[2] = {0, 0};      ///< out [B, H_q, Dv]: {batch, head}
+  int64_t sr_stride[2] = {0, 0};     ///< skip_ratio [B, H_kv]: {batch, head}
+
+  /// Pruning blocks of a sequence of L tokens.
+  LOWBIT_HOST_DEVICE int64_t blocks(int64_t L) const { return (L + block_size - 1) / block_size; }
+};
+
+/// The operands of one decode call (device pointers for a kernel, host pointers for the
+/// reference). seq_lens / threshold / skip_ratio are null when absent.
+struct DecodeNf4Ptrs {
+  const uint16_t* q = nullptr;     ///< bf16 bits
+  const uint8_t* k_nf4 = nullptr;
+  const void* k_scale = nullptr;   ///< float32 or bf16 bits (plan.scale_dtype)
+  const uint8_t* k_residual = nullptr;
+  const uint16_t* v = nullptr;     ///< bf16 bits
+  const int32_t* seq_lens = nullptr;
+  const float* threshold = nullptr;  ///< [B, H_q] contiguous
+  uint16_t* out = nullptr;           ///< bf16 bits
+  float* skip_ratio = nullptr;
+};
+
+/// kproj_rope_nf4_encode: the projection and RoPE, then the cache encode of `cache` (whose k is
+/// the fp32 rotated keys, k_out when given, otherwise a buffer the implementation owns).
+struct KprojRopePlan {
+  int64_t batch = 0, seqlen = 0, hidden = 0, heads_kv = 0, head_dim = 0;
+  const void* x = nullptr;
+  DType x_dtype = DType::kFloat32;
+  int64_t x_stride[3] = {0, 0, 0};
+  const void* w = nullptr;
+  DType w_dtype = DType::kFloat32;
+  int64_t w_stride[2] = {0, 0};
+  const void* positions = nullptr;
+  bool positions64 = false;
+  int64_t p_stride[2] = {0, 0};
+  double rope_theta = 10000.0;
+  float* k_out = nullptr;  ///< [B, T, H_kv, D] float32 contiguous-last, may be null
+  int64_t ko_stride[3] = {0, 0, 0};
+  KCachePlan cache;        ///< codes, scale, residual, nibble order (cache.k: set by the implementation)
+};
+
+/// nf4_kcache_append: new keys k (cache.k, [B, N, H_kv, D]; cache.T = N) written at
+/// lengths[b] + i of the cache tensors (codes / residual strides of the cache, cache_T tokens).
+struct KCacheAppendPlan {
+  KCachePlan cache;  ///< B, T = N new tokens, H, D; k = k_new; codes / scale / residual = the cache
+  int64_t cache_T = 0;
+  const int32_t* lengths = nullptr;  ///< host copy, each in 0..cache_T - N
+};
+
+}  // namespace lowbit::detail
