@@ -9,6 +9,8 @@ BuildInfo build_info() {
   b.version = LOWBIT_VERSION_STRING;
   // NF4 K-cache decode ops (lowbit/decode_attention.hpp): CPU reference only, no kernel yet
   b.cpu_only_ops = {"attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append"};
+  // the dense NVFP4 linear (lowbit/linear.hpp): CPU reference only, no kernel yet
+  b.cpu_only_ops.emplace_back("nvfp4_gemm");
 #if LOWBIT_WITH_CUDA
   b.cuda_built = true;
   b.cuda_runtime_version = cuda::runtime_version();

@@ -182,3 +182,8 @@ def test_nvfp4_gemm_error_leaves_out_untouched():
 def test_linears_exported():
     for name in ("mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm"):
         assert name in lowbit.__all__ and callable(getattr(lowbit, name))
+
+
+def test_build_info_lists_nvfp4_gemm_as_cpu_only():
+    info = lowbit.build_info()
+    assert "nvfp4_gemm" in info["cpu_only_ops"] and "nvfp4_gemm" not in info["cuda_ops"]
