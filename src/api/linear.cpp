@@ -14,7 +14,8 @@
 #include "lowbit/mxfp4_pack.hpp"
 #include "ref/ref_linear.hpp"
 #include "ref/ref_moe.hpp"
-#include "cuda/moe/launch_moe.hpp"  // declarations only: called (and defined) only in CUDA + CUTLASS builds
+#include "cuda/gemm/launch_gemm.hpp"  // declarations only: called (and defined) only in CUDA + CUTLASS builds
+#include "cuda/moe/launch_moe.hpp"
 
 namespace lowbit {
 using namespace detail;
@@ -140,7 +141,6 @@ void mxfp4_gemm(const Mxfp4GemmArgs& x, Stream stream) {
 }
 
 void nvfp4_gemm(const Nvfp4GemmArgs& x, Stream stream) {
-  (void)stream;
   Checker c{"nvfp4_gemm"};
   c.require(x.a, Req("a").dtypes({DType::kBFloat16, DType::kUInt8, DType::kFloat4E2M1x2})
                      .rank(2, "[M, K] (bfloat16) or [M, K/2] (NVFP4 codes)").last_contiguous());
@@ -181,8 +181,14 @@ void nvfp4_gemm(const Nvfp4GemmArgs& x, Stream stream) {
   p.o_sM = x.out.strides[0];
   c.no_overlap({{"out", &x.out}}, {{"a", &x.a}, {"a_scale", &x.a_scale}, {"amax_a", &x.amax_a}, {"b", &x.b},
                                    {"b_scale", &x.b_scale}, {"amax_b", &x.amax_b}, {"bias", &x.bias}});
-  if (c.dev != Device::kCPU)
-    throw NotSupportedError("nvfp4_gemm: no CUDA kernel yet (the CPU reference runs on CPU tensors)");
+  if (c.dev != Device::kCPU) {
+    // the kernel covers whole 128-column and 64-deep tiles (the dual GEMM's mainloop)
+    if (N % 128 != 0 || K % 64 != 0)
+      throw NotSupportedError("nvfp4_gemm: the CUDA kernel needs N a multiple of 128 and K a multiple of 64 (got N = " +
+                              std::to_string(N) + ", K = " + std::to_string(K) + "); the CPU reference takes any");
+    run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::nvfp4_gemm(p, stream.handle); });
+    return;
+  }
   ref::nvfp4_gemm(p);
 }
 

@@ -184,6 +184,7 @@ def test_linears_exported():
         assert name in lowbit.__all__ and callable(getattr(lowbit, name))
 
 
-def test_build_info_lists_nvfp4_gemm_as_cpu_only():
+def test_build_info_lists_nvfp4_gemm_where_it_runs():
     info = lowbit.build_info()
-    assert "nvfp4_gemm" in info["cpu_only_ops"] and "nvfp4_gemm" not in info["cuda_ops"]
+    assert "nvfp4_gemm" not in info["cpu_only_ops"]
+    assert ("nvfp4_gemm" in info["cuda_ops"]) == ("mxfp4_gemm" in info["cuda_ops"])  # both need the CUTLASS kernels

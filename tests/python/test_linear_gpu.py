@@ -8,8 +8,9 @@ rounding to bf16 / fp16 (assert_gemm_rule), and against lowbit's CPU reference o
 under the same rule. Outputs are poisoned (NaN bits) before every call, so an element the kernel
 never writes fails. M in {1, 7, 64, 256, 1000}; plain and prepacked weights; W4A16 and W4A8.
 
-nvfp4_gemm has no CUDA kernel yet: CUDA tensors must raise NotImplementedError naming the op
-(replace that test with a comparison like mxfp4_gemm's when the kernel lands).
+nvfp4_gemm runs the NVFP4 dual GEMM's mainloop (N a multiple of 128, K of 64; other shapes raise
+NotImplementedError naming the constraint), checked the same way against the float64 reference of
+the quantized operands and against lowbit's CPU reference.
 """
 
 import numpy as np
@@ -120,15 +121,42 @@ def test_mxfp4_gemm_cuda_refuses_misaligned_weights(torch):
         lowbit.mxfp4_gemm(a, b, _dev(torch, ops.b_sc))
 
 
+NV_CONFIGS = [  # (N, K, nvfp4 activations, amaxes, bias, out dtype)
+    (128, 64, True, False, False, "bfloat16"),
+    (256, 512, False, False, True, "bfloat16"),
+    (384, 1024, True, True, True, "float16"),
+    (1024, 4096, False, True, False, "bfloat16"),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("nvfp4_a", [True, False], ids=["nvfp4", "bf16"])
-def test_nvfp4_gemm_cuda_not_implemented(torch, nvfp4_a):
-    ops = NvOps(8, 16, 64, nvfp4_a=nvfp4_a, seed=1)
-    a = _dev(torch, ops.a)
-    a_sc = None if ops.a_sc is None else _dev(torch, ops.a_sc)
+@pytest.mark.parametrize("M", MS)
+@pytest.mark.parametrize("cfg", NV_CONFIGS, ids=lambda c: f"n{c[0]}-k{c[1]}-{'nvfp4' if c[2] else 'bf16'}"
+                         f"{'-amax' if c[3] else ''}{'-bias' if c[4] else ''}-{c[5]}")
+def test_nvfp4_gemm_matches_reference(torch, M, cfg):
+    n, k, nvfp4_a, amax, bias, out_dtype = cfg
+    ops = NvOps(M, n, k, nvfp4_a=nvfp4_a, amax=amax, bias=bias, seed=M + n + k)
+    dev = {name: None if getattr(ops, name) is None else _dev(torch, getattr(ops, name))
+           for name in ("a", "a_sc", "b", "b_sc", "amax_a", "amax_b", "bias")}
+    out = torch.empty((M, n), dtype=getattr(torch, out_dtype), device="cuda")
+    out.view(torch.int16).fill_(POISON_NAN)
+    lowbit.nvfp4_gemm(dev["a"], dev["b"], dev["b_sc"], a_scale=dev["a_sc"], amax_a=dev["amax_a"],
+                      amax_b=dev["amax_b"], bias=dev["bias"], out=out)
+    got = _decode_bits(_host_bits(torch, out), out_dtype)
+    ref = ops.reference()
+    assert_gemm_rule(got, ref, out_dtype)
+    cpu = lowbit.nvfp4_gemm(ops.a, ops.b, ops.b_sc, a_scale=ops.a_sc, amax_a=ops.amax_a, amax_b=ops.amax_b,
+                            bias=ops.bias, out_dtype=out_dtype)
+    assert_gemm_rule(got, _decode_bits(np.asarray(cpu).view(np.uint16), out_dtype), out_dtype)
+
+
+@pytest.mark.gpu
+def test_nvfp4_gemm_cuda_refuses_partial_tiles(torch):
+    ops = NvOps(8, 16, 64, nvfp4_a=True, seed=1)
     out = torch.full((8, 16), 7.0, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(NotImplementedError, match="nvfp4_gemm: no CUDA kernel yet"):
-        lowbit.nvfp4_gemm(a, _dev(torch, ops.b), _dev(torch, ops.b_sc), a_scale=a_sc, out=out)
+    with pytest.raises(NotImplementedError, match="nvfp4_gemm: the CUDA kernel needs N a multiple of 128"):
+        lowbit.nvfp4_gemm(_dev(torch, ops.a), _dev(torch, ops.b), _dev(torch, ops.b_sc), a_scale=_dev(torch, ops.a_sc),
+                          out=out)
     assert bool((out == 7.0).all())
 
 
@@ -137,4 +165,4 @@ def test_build_info_lists_the_cuda_linears():
     info = lowbit.build_info()
     if info["sm"] >= 90 and "group_gemm_mxfp4_nt_groupwise" in info["cuda_ops"]:
         assert "mxfp4_gemm" in info["cuda_ops"]
-    assert "nvfp4_gemm" not in info["cuda_ops"]  # no CUDA kernel yet
+        assert "nvfp4_gemm" in info["cuda_ops"]
