@@ -65,11 +65,12 @@ __all__ = [
 
 
 def __getattr__(name):
-    # `lowbit.torch_ops` imports torch on first use only (torch stays optional)
-    if name == "torch_ops":
+    # `lowbit.torch_ops` / `lowbit.nn` (and nn's load_quantized) import torch on first use only
+    if name in ("torch_ops", "nn", "load_quantized"):
         import importlib
 
-        return importlib.import_module(".torch_ops", __name__)
+        mod = importlib.import_module(".torch_ops" if name == "torch_ops" else ".nn", __name__)
+        return mod.load_quantized if name == "load_quantized" else mod
     raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
 
 

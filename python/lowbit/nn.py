@@ -1,0 +1,346 @@
+"""torch modules over lowbit's dense linears (docs/nn.md).
+
+    NVFP4Linear    y = x @ W^T (+ b), W NVFP4 (E2M1 codes, E4M3 block scales per 16, a per-tensor
+                   amax): torch.ops.lowbit.nvfp4_gemm
+    MXFP4Linear    the same with W MXFP4 (UE8M0 block scales per 32): torch.ops.lowbit.mxfp4_gemm;
+                   act="mxfp8" quantizes the activations to MXFP8 on the fly (W4A8)
+    quantize_model(model, "nvfp4" | "mxfp4")   replaces nn.Linear layers in place
+    load_quantized(path, model=None)            reads a checkpoint written by `lowbit quantize`
+
+The modules call the torch custom ops (lowbit.torch_ops), so torch.compile traces them and CUDA
+graphs capture them; CPU tensors run the ops' CPU reference. Dtypes: x is bfloat16, float16 or
+float32 [..., K]; the activations enter the GEMM as bfloat16 (W4A16: float16 / float32 inputs
+are rounded to bfloat16 first); y has x's dtype (float32 inputs: the bfloat16 GEMM output
+widened to float32). Tests: tests/python/test_nn.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from . import ops as _ops
+from . import torch_ops as _torch_ops  # noqa: F401  (registers torch.ops.lowbit.*)
+
+__all__ = ["NVFP4Linear", "MXFP4Linear", "QuantizeReport", "DEFAULT_EXCLUDES", "quantize_model", "load_quantized",
+           "cuda_skip_reason"]
+
+_FLOAT = (torch.bfloat16, torch.float16, torch.float32)
+
+# Layers left in high precision by default: embeddings, the output head, norms and MoE routers
+# (a module named exactly "gate", not Llama's gate_proj). Regular expressions, re.search on the
+# module's qualified name.
+DEFAULT_EXCLUDES: Tuple[str, ...] = (r"embed", r"lm_head", r"norm", r"(^|\.)router($|\.)", r"(^|\.)gate$")
+
+
+def _gemm_in(x: torch.Tensor, K: int, op: str) -> Tuple[torch.Tensor, torch.dtype]:
+    if x.dtype not in _FLOAT:
+        raise TypeError(f"{op}: expected bfloat16 / float16 / float32 input, got {x.dtype}")
+    if x.shape[-1] != K:
+        raise ValueError(f"{op}: input's last dimension is {x.shape[-1]}, expected in_features = {K}")
+    a = x.reshape(-1, K).to(torch.bfloat16).contiguous()
+    return a, (x.dtype if x.dtype != torch.float32 else torch.bfloat16)
+
+
+class _QuantLinear(nn.Module):
+    fmt = ""
+    block = 0
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None):
+        super().__init__()
+        if in_features <= 0 or in_features % self.block:
+            raise ValueError(f"{type(self).__name__}: in_features = {in_features} must be a positive multiple of "
+                             f"{self.block}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
+        self.register_buffer("weight_scale", torch.zeros(out_features, in_features // self.block,
+                                                         dtype=self._scale_dtype, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=torch.float32, device=device) if bias else None)
+
+    def _set_bias(self, bias):
+        if bias is not None:
+            self.bias = bias.detach().to(device=self.qweight.device, dtype=torch.float32).clone()
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"format={self.fmt}{self._extra()}")
+
+    def _extra(self) -> str:
+        return ""
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The float32 weight [N, K] the layer computes with (lowbit.dequantize of its buffers)."""
+        qt = _ops.Quantized(self.qweight, self.weight_scale, None, self._amax(), self.fmt, "row_major",
+                            (self.out_features, self.in_features))
+        return _ops.dequantize(qt, "float32")
+
+    def _amax(self):
+        return None
+
+    def _quantize_weight(self, w: torch.Tensor):
+        w = w.detach()
+        if w.dtype not in _FLOAT:
+            w = w.float()
+        return _ops.quantize(w.contiguous(), self.fmt, compute_global_amax=True if self.fmt == "nvfp4" else None)
+
+
+class NVFP4Linear(_QuantLinear):
+    """y = x @ W^T (+ bias) with an NVFP4 weight (W4A16).
+
+    Buffers: qweight uint8 [N, K/2] (E2M1 codes, element 2k in the low nibble), weight_scale
+    float8_e4m3fn [N, K/16] (row_major), weight_global_amax float32 [1] (the per-tensor amax:
+    S_dec = amax / 2688), bias float32 [N] or None. K % 16 == 0; CUDA tensors need N % 128 == 0
+    and K % 64 == 0 (the kernel's constraint; cuda_skip_reason says it)."""
+    fmt, block = "nvfp4", 16
+    _scale_dtype = torch.float8_e4m3fn
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None):
+        super().__init__(in_features, out_features, bias, device)
+        self.register_buffer("weight_global_amax", torch.ones(1, dtype=torch.float32, device=device))
+
+    def _amax(self):
+        return self.weight_global_amax
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "NVFP4Linear":
+        """Quantizes linear.weight with lowbit.quantize(w, "nvfp4", compute_global_amax=True)."""
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, device=linear.weight.device)
+        qt = m._quantize_weight(linear.weight)
+        m.qweight.copy_(qt.data)
+        m.weight_scale.copy_(qt.scales)
+        m.weight_global_amax.copy_(qt.global_amax.reshape(1))
+        m._set_bias(linear.bias)
+        return m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, out_dtype = _gemm_in(x, self.in_features, "NVFP4Linear")
+        y = torch.ops.lowbit.nvfp4_gemm(a, self.qweight, self.weight_scale, None, None, self.weight_global_amax,
+                                        self.bias, "row_major", "row_major", out_dtype)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+class MXFP4Linear(_QuantLinear):
+    """y = x @ W^T (+ bias) with an MXFP4 weight.
+
+    Buffers: qweight uint8 [N, K/2] (E2M1 codes, element 2k in the low nibble), weight_scale
+    float8_e8m0fnu [N, K/32] (UE8M0, row_major), bias float32 [N] or None. K % 32 == 0 and
+    N % 8 == 0. act="bf16" (default): W4A16. act="mxfp8": W4A8, the bfloat16 activations are
+    quantized per 32 elements to MXFP8 E4M3 (torch.ops.lowbit.mxfp8_quantize, RCEIL) at every
+    call."""
+    fmt, block = "mxfp4", 32
+    _scale_dtype = torch.float8_e8m0fnu
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None, act: str = "bf16"):
+        if act not in ("bf16", "mxfp8"):
+            raise ValueError(f"MXFP4Linear: act must be 'bf16' or 'mxfp8', got {act!r}")
+        if out_features % 8:
+            raise ValueError(f"MXFP4Linear: out_features = {out_features} must be a multiple of 8")
+        super().__init__(in_features, out_features, bias, device)
+        self.act = act
+
+    def _extra(self) -> str:
+        return f", act={self.act}"
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, act: str = "bf16") -> "MXFP4Linear":
+        """Quantizes linear.weight with lowbit.quantize(w, "mxfp4") (RCEIL scales)."""
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, device=linear.weight.device,
+                act=act)
+        qt = m._quantize_weight(linear.weight)
+        m.qweight.copy_(qt.data)
+        m.weight_scale.copy_(qt.scales.view(torch.float8_e8m0fnu) if qt.scales.dtype == torch.uint8 else qt.scales)
+        m._set_bias(linear.bias)
+        return m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, out_dtype = _gemm_in(x, self.in_features, "MXFP4Linear")
+        a_scale = None
+        if self.act == "mxfp8":
+            a, a_scale = torch.ops.lowbit.mxfp8_quantize(a)
+        y = torch.ops.lowbit.mxfp4_gemm(a, self.qweight, self.weight_scale, a_scale, self.bias, "row_major",
+                                        "row_major", False, None, out_dtype)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+_CLASSES = {"nvfp4": NVFP4Linear, "mxfp4": MXFP4Linear}
+
+
+def cuda_skip_reason(fmt: str, in_features: int, out_features: int) -> Optional[str]:
+    """Why the CUDA kernel of ``fmt`` refuses an [out_features, in_features] weight (None: it runs)."""
+    N, K = out_features, in_features
+    if fmt == "nvfp4":
+        if N % 128 or K % 64:
+            return f"N={N}, K={K}: nvfp4_gemm on CUDA needs N % 128 == 0 and K % 64 == 0"
+    elif fmt == "mxfp4":
+        if N % 8 or K % 32:
+            return f"N={N}, K={K}: mxfp4_gemm needs N % 8 == 0 and K % 32 == 0"
+    return None
+
+
+@dataclass
+class QuantizeReport:
+    """What quantize_model did: replaced [(name, "N x K")], skipped [(name, reason)]."""
+    format: str
+    replaced: List[Tuple[str, str]] = field(default_factory=list)
+    skipped: List[Tuple[str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"{self.format}: {len(self.replaced)} replaced, {len(self.skipped)} skipped"]
+        lines += [f"  replaced {n} [{s}]" for n, s in self.replaced]
+        lines += [f"  skipped  {n}: {r}" for n, r in self.skipped]
+        return "\n".join(lines)
+
+
+def _compile(patterns, what):
+    if isinstance(patterns, str):
+        patterns = (patterns,)
+    try:
+        return [re.compile(p) for p in patterns]
+    except re.error as e:
+        raise ValueError(f"quantize_model: bad {what} regular expression {e.pattern!r}: {e}") from None
+
+
+def _select(name: str, inc, exc) -> Optional[str]:
+    if inc and not any(p.search(name) for p in inc):
+        return "not matched by include"
+    for p in exc:
+        if p.search(name):
+            return f"excluded ({p.pattern})"
+    return None
+
+
+def _set_child(model: nn.Module, name: str, module: nn.Module):
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def quantize_model(model: nn.Module, format: str = "nvfp4", exclude: Sequence[str] = DEFAULT_EXCLUDES,
+                   include: Sequence[str] = (), act: str = "bf16", cuda_shapes: bool = True) -> QuantizeReport:
+    """Replaces the model's nn.Linear layers in place by NVFP4Linear / MXFP4Linear (``format``),
+    quantizing their weights (from_linear). A layer is skipped when ``include`` (regular
+    expressions, re.search on the qualified module name) is given and none matches, when an
+    ``exclude`` pattern matches (default DEFAULT_EXCLUDES: embeddings, lm_head, norms, routers),
+    when K is not a multiple of the format's block, or (``cuda_shapes=True``, the default) when
+    the CUDA kernel refuses the shape (cuda_skip_reason). ``act`` is MXFP4Linear's activation
+    format ("bf16" or "mxfp8"). Returns a QuantizeReport."""
+    if format not in _CLASSES:
+        raise ValueError(f"quantize_model: format must be one of {sorted(_CLASSES)}, got {format!r}")
+    cls = _CLASSES[format]
+    inc, exc = _compile(include, "include"), _compile(exclude, "exclude")
+    report = QuantizeReport(format)
+    targets = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
+    for name, lin in targets:
+        N, K = lin.out_features, lin.in_features
+        why = _select(name, inc, exc)
+        if why is None and K % cls.block:
+            why = f"K={K} not a multiple of the block {cls.block}"
+        if why is None and format == "mxfp4" and N % 8:
+            why = f"N={N} not a multiple of 8 (mxfp4_gemm)"
+        if why is None and cuda_shapes:
+            why = cuda_skip_reason(format, K, N)
+        if why is not None:
+            report.skipped.append((name, why))
+            continue
+        q = cls.from_linear(lin, act=act) if format == "mxfp4" else cls.from_linear(lin)
+        _set_child(model, name, q)
+        report.replaced.append((name, f"{N} x {K}"))
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints written by `lowbit quantize`
+
+def _to_torch(a) -> torch.Tensor:
+    import numpy as np
+    a = np.array(a, copy=True, order="C")  # writable: torch.from_numpy shares the memory
+    name = a.dtype.name
+    special = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+               "float8_e8m0fnu": torch.float8_e8m0fnu}
+    if name in special:
+        return torch.from_numpy(a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint8)).view(special[name])
+    return torch.from_numpy(a)
+
+
+def _files(path: str) -> List[str]:
+    if os.path.isdir(path):
+        fs = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+        if not fs:
+            raise FileNotFoundError(f"load_quantized: no .safetensors file in {path}")
+        return fs
+    return [path]
+
+
+def _module_state(f, name: str, e) -> Tuple[str, Dict[str, torch.Tensor]]:
+    """(module name, its buffers) of one quantized weight entry."""
+    from .checkpoint import CheckpointError, format_from_entry
+    fmt, layout = format_from_entry(e, name)
+    if fmt.name not in _CLASSES or layout != "row_major" or len(e["shape"]) != 2 or not name.endswith(".weight"):
+        raise CheckpointError(f"{f.path}: {name!r} ({fmt.name}, {layout}, shape {e['shape']}): load_quantized "
+                              f"takes row_major nvfp4 / mxfp4 2-D '.weight' tensors")
+    if (fmt.name == "mxfp4" and getattr(fmt, "rounding", "rceil") not in ("rceil", None)) or fmt.nibble_order != "low":
+        raise CheckpointError(f"{f.path}: {name!r}: the linears decode low-nibble-first codes only")
+    cls = _CLASSES[fmt.name]
+    st = {"qweight": _to_torch(f.get(e["qdata"])).view(torch.uint8),
+          "weight_scale": _to_torch(f.get(e["scale"])).view(cls._scale_dtype)}
+    if fmt.name == "nvfp4":
+        st["weight_global_amax"] = _to_torch(f.get(e["global_amax"])).float().reshape(1)
+    return name[: -len(".weight")], st
+
+
+def load_quantized(path: str, model: Optional[nn.Module] = None, act: str = "bf16",
+                   device=None) -> Dict[str, torch.Tensor]:
+    """Reads a checkpoint written by `lowbit quantize` (one .safetensors file, or a directory of
+    them) and returns its state as a flat dict in the modules' naming: a quantized weight
+    "<m>.weight" becomes "<m>.qweight", "<m>.weight_scale" (and "<m>.weight_global_amax" for
+    NVFP4); other tensors keep their names. Given ``model``, each nn.Linear named <m> is replaced
+    by an NVFP4Linear / MXFP4Linear holding the checkpoint's weight (``act``: MXFP4Linear's
+    activations) and every tensor is copied into the model (load_state_dict, strict: a missing or
+    unexpected key raises). ``device`` places the tensors (default: the model's device or CPU)."""
+    from . import safetensors_io as st
+    from .checkpoint import read_lowbit_metadata
+    state: Dict[str, torch.Tensor] = {}
+    quantized: Dict[str, str] = {}
+    for fn in _files(path):
+        with st.SafetensorsFile(fn) as f:
+            entries = read_lowbit_metadata(f) if "lowbit" in f.metadata else {}
+            owned = set()
+            for name, e in entries.items():
+                mod, bufs = _module_state(f, name, e)
+                quantized[mod] = _format_of(e)
+                state.update({f"{mod}.{k}": v for k, v in bufs.items()})
+                owned.update(n for n in (e.get("qdata"), e.get("scale"), e.get("zero"), e.get("global_amax")) if n)
+            for n in f.names():
+                if n not in owned:
+                    state[n] = _to_torch(f.get(n))
+    if device is None and model is not None:
+        p = next(iter(model.parameters()), None)
+        device = p.device if p is not None else None
+    if device is not None:
+        state = {k: v.to(device) for k, v in state.items()}
+    if model is None:
+        return state
+    for mod, fmt in quantized.items():
+        lin = model.get_submodule(mod)
+        if not isinstance(lin, (nn.Linear, _QuantLinear)):
+            raise TypeError(f"load_quantized: {mod!r} is a {type(lin).__name__}, not an nn.Linear")
+        has_bias = f"{mod}.bias" in state
+        kw = {"act": act} if fmt == "mxfp4" else {}
+        q = _CLASSES[fmt](lin.in_features, lin.out_features, has_bias, device=device, **kw)
+        if has_bias:
+            state[f"{mod}.bias"] = state[f"{mod}.bias"].float()
+        _set_child(model, mod, q)
+    sd = model.state_dict()
+    for k, v in state.items():
+        if k in sd and sd[k].dtype != v.dtype and v.is_floating_point() and sd[k].is_floating_point():
+            state[k] = v.to(sd[k].dtype)
+    model.load_state_dict(state, strict=True)
+    return state
+
+
+def _format_of(e) -> str:
+    return e["format"]
