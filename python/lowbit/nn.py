@@ -4,6 +4,7 @@
                    amax): torch.ops.lowbit.nvfp4_gemm
     MXFP4Linear    the same with W MXFP4 (UE8M0 block scales per 32): torch.ops.lowbit.mxfp4_gemm;
                    act="mxfp8" quantizes the activations to MXFP8 on the fly (W4A8)
+    GptOssExperts  the gpt-oss expert MLP, MXFP4 weights: torch.ops.lowbit.gpt_oss_moe_mlp
     quantize_model(model, "nvfp4" | "mxfp4")   replaces nn.Linear layers in place
     load_quantized(path, model=None)            reads a checkpoint written by `lowbit quantize`
 
@@ -27,7 +28,7 @@ from torch import nn
 from . import ops as _ops
 from . import torch_ops as _torch_ops  # noqa: F401  (registers torch.ops.lowbit.*)
 
-__all__ = ["NVFP4Linear", "MXFP4Linear", "QuantizeReport", "DEFAULT_EXCLUDES", "quantize_model", "load_quantized",
+__all__ = ["NVFP4Linear", "MXFP4Linear", "GptOssExperts", "QuantizeReport", "DEFAULT_EXCLUDES", "quantize_model", "load_quantized",
            "cuda_skip_reason"]
 
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -167,6 +168,69 @@ class MXFP4Linear(_QuantLinear):
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
+class GptOssExperts(nn.Module):
+    """The gpt-oss expert MLP with MXFP4 weights (torch.ops.lowbit.gpt_oss_moe_mlp), a drop-in
+    for transformers' GptOssExperts: forward(hidden_states [T, H], router_indices [T, k],
+    routing_weights [T, k]) -> [T, H] in hidden_states' dtype. Per token t and expert
+    e = router_indices[t, j]: h = x @ W1[e]^T + b1[e] (gate = h[0::2], up = h[1::2]),
+    y = min(gate, limit) * sigmoid(alpha min(gate, limit)) * (clamp(up, -limit, limit) + 1),
+    out[t] += routing_weights[t, j] * (y @ W2[e]^T + b2[e]).
+
+    Buffers: w1 uint8 [E, 2I, H/2], w1_scale float8_e8m0fnu [E, 2I, H/32], b1 float32 [E, 2I],
+    w2 uint8 [E, H, I/2], w2_scale float8_e8m0fnu [E, H, I/32], b2 float32 [E, H] (the layout of
+    `lowbit convert-gpt-oss`). act "bf16" (W4A16) or "mxfp8" (W4A8). H and I multiples of 32."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, alpha: float = 1.702,
+                 limit: float = 7.0, act: str = "bf16", device=None):
+        super().__init__()
+        E, H, I = int(num_experts), int(hidden_size), int(intermediate_size)
+        if H <= 0 or I <= 0 or H % 32 or I % 32:
+            raise ValueError(f"GptOssExperts: hidden_size = {H} and intermediate_size = {I} must be positive "
+                             f"multiples of 32")
+        if act not in ("bf16", "mxfp8"):
+            raise ValueError(f"GptOssExperts: act must be 'bf16' or 'mxfp8', got {act!r}")
+        self.num_experts, self.hidden_size, self.intermediate_size = E, H, I
+        self.alpha, self.limit, self.act = float(alpha), float(limit), act
+        u8, e8 = torch.uint8, torch.float8_e8m0fnu
+        for name, shape, dt in (("w1", (E, 2 * I, H // 2), u8), ("w1_scale", (E, 2 * I, H // 32), e8),
+                                ("b1", (E, 2 * I), torch.float32), ("w2", (E, H, I // 2), u8),
+                                ("w2_scale", (E, H, I // 32), e8), ("b2", (E, H), torch.float32)):
+            self.register_buffer(name, torch.zeros(shape, dtype=dt, device=device))
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+                f"intermediate_size={self.intermediate_size}, format=mxfp4, act={self.act}")
+
+    @classmethod
+    def from_experts(cls, experts: nn.Module, act: str = "bf16") -> "GptOssExperts":
+        """Quantizes a transformers GptOssExperts (gate_up_proj [E, H, 2I], down_proj [E, I, H],
+        their biases, alpha, limit) with lowbit.quantize(w, "mxfp4")."""
+        gu, dn = experts.gate_up_proj.detach(), experts.down_proj.detach()
+        E, H, I2 = gu.shape
+        m = cls(E, H, I2 // 2, getattr(experts, "alpha", 1.702), getattr(experts, "limit", 7.0), act,
+                device=gu.device)
+        for w, b, names in ((gu, experts.gate_up_proj_bias, ("w1", "w1_scale", "b1")),
+                            (dn, experts.down_proj_bias, ("w2", "w2_scale", "b2"))):
+            w = w.transpose(1, 2).contiguous()
+            qt = _ops.quantize(w if w.dtype in _FLOAT else w.float(), "mxfp4")
+            getattr(m, names[0]).copy_(qt.data)
+            getattr(m, names[1]).copy_(qt.scales.view(torch.float8_e8m0fnu))
+            getattr(m, names[2]).copy_(b.detach().float())
+        return m
+
+    def forward(self, hidden_states: torch.Tensor, router_indices: torch.Tensor,
+                routing_weights: torch.Tensor) -> torch.Tensor:
+        x = hidden_states
+        if x.dtype not in _FLOAT:
+            raise TypeError(f"GptOssExperts: expected bfloat16 / float16 / float32 input, got {x.dtype}")
+        x2 = x.reshape(-1, self.hidden_size).contiguous()
+        ids = router_indices.reshape(x2.shape[0], -1).to(torch.int32)
+        wts = routing_weights.reshape(x2.shape[0], -1).float().contiguous()
+        y = torch.ops.lowbit.gpt_oss_moe_mlp(x2, ids, wts, self.w1, self.w1_scale, self.b1, self.w2, self.w2_scale,
+                                             self.b2, self.alpha, self.limit, self.act, False)
+        return y.reshape(x.shape)
+
+
 _CLASSES = {"nvfp4": NVFP4Linear, "mxfp4": MXFP4Linear}
 
 
@@ -227,12 +291,26 @@ def quantize_model(model: nn.Module, format: str = "nvfp4", exclude: Sequence[st
     ``exclude`` pattern matches (default DEFAULT_EXCLUDES: embeddings, lm_head, norms, routers),
     when K is not a multiple of the format's block, or (``cuda_shapes=True``, the default) when
     the CUDA kernel refuses the shape (cuda_skip_reason). ``act`` is MXFP4Linear's activation
-    format ("bf16" or "mxfp8"). Returns a QuantizeReport."""
+    format ("bf16" or "mxfp8"). transformers' GptOssExperts modules (by class name) become
+    GptOssExperts (format "mxfp4" only; else reported as skipped). Returns a QuantizeReport."""
     if format not in _CLASSES:
         raise ValueError(f"quantize_model: format must be one of {sorted(_CLASSES)}, got {format!r}")
     cls = _CLASSES[format]
     inc, exc = _compile(include, "include"), _compile(exclude, "exclude")
     report = QuantizeReport(format)
+    for name, mod in [(n, m) for n, m in model.named_modules() if type(m).__name__ == "GptOssExperts"
+                      and not isinstance(m, GptOssExperts)]:
+        why = _select(name, inc, exc)
+        shape = f"{mod.gate_up_proj.shape[0]} experts, H={mod.gate_up_proj.shape[1]}, I={mod.down_proj.shape[1]}"
+        if why is None and format != "mxfp4":
+            why = "gpt-oss experts run as MXFP4 only (gpt_oss_moe_mlp)"
+        if why is None and (mod.gate_up_proj.shape[1] % 32 or mod.down_proj.shape[1] % 32):
+            why = f"{shape}: H and I must be multiples of 32"
+        if why is not None:
+            report.skipped.append((name, why))
+            continue
+        _set_child(model, name, GptOssExperts.from_experts(mod, act=act))
+        report.replaced.append((name, shape))
     targets = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
     for name, lin in targets:
         N, K = lin.out_features, lin.in_features

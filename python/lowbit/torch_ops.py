@@ -354,3 +354,26 @@ def nvfp4_gemm(a: Tensor, b: Tensor, b_scale: Tensor, a_scale: Optional[Tensor] 
 def _(a, b, b_scale, a_scale=None, amax_a=None, amax_b=None, bias=None, a_scale_layout="row_major",
       b_scale_layout="row_major", out_dtype=torch.bfloat16):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# the gpt-oss expert MLP (lowbit.gpt_oss_moe_mlp)
+#
+#   torch.ops.lowbit.gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2,
+#       alpha=1.702, limit=7.0, act="bf16", packed=False) -> out (x's shape and dtype)
+
+from .gemm import gpt_oss_moe_mlp as _moe_mlp  # noqa: E402
+
+
+@torch.library.custom_op("lowbit::gpt_oss_moe_mlp", mutates_args=())
+def gpt_oss_moe_mlp(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w1_scale: Tensor, b1: Tensor,
+                    w2: Tensor, w2_scale: Tensor, b2: Tensor, alpha: float = 1.702, limit: float = 7.0,
+                    act: str = "bf16", packed: bool = False) -> Tensor:
+    return _moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2, alpha=alpha, limit=limit, act=act,
+                    packed=packed)
+
+
+@gpt_oss_moe_mlp.register_fake
+def _(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2, alpha=1.702, limit=7.0, act="bf16",
+      packed=False):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)

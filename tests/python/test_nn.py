@@ -252,3 +252,73 @@ def test_gpu_cuda_graph_and_compile(fmt):
     assert torch.equal(y, m(x))
     cm = torch.compile(m, fullgraph=True)
     assert torch.equal(cm(x), m(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# gpt-oss experts
+
+def _hf_experts(E=4, H=64, I=32, seed=0):
+    mod = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    cfg = pytest.importorskip("transformers").GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E,
+                                                           num_experts_per_tok=2)
+    ex = mod.GptOssExperts(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ex.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return ex
+
+
+def _experts_reference(m, x, ids, wts):
+    """float64 evaluation of the formula on the dequantized weights, the activations of both
+    GEMMs rounded to bfloat16 as the W4A16 op rounds them."""
+    def deq(w, s):
+        return torch.ops.lowbit.dequantize(w, s, None, None, "mxfp4").double()
+    w1, w2 = deq(m.w1, m.w1_scale), deq(m.w2, m.w2_scale)
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = w1[e] @ x[t].to(torch.bfloat16).double() + m.b1[e].double()
+            gate, up = h[0::2].clamp(max=m.limit), h[1::2].clamp(-m.limit, m.limit)
+            y = (gate * torch.sigmoid(m.alpha * gate) * (up + 1)).float().to(torch.bfloat16).double()
+            out[t] += float(wts[t, j]) * (w2[e] @ y + m.b2[e].double())
+    return out
+
+
+def test_gpt_oss_experts_against_reference_and_transformers():
+    ex = _hf_experts()
+    m = lnn.GptOssExperts.from_experts(ex)
+    T = 6
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(T, 64, generator=g)
+    ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(T)])
+    wts = torch.softmax(torch.randn(T, 2, generator=g), -1)
+    y = m(x, ids, wts)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    ref = _experts_reference(m, x, ids, wts)
+    scale = ref.abs().max().item()
+    assert (y.double() - ref).abs().max().item() <= 1e-4 * scale
+    # the same layer in transformers with the dequantized weights: same gate / up interleaving
+    with torch.no_grad():
+        ex.gate_up_proj.copy_(torch.ops.lowbit.dequantize(m.w1, m.w1_scale, None, None, "mxfp4").transpose(1, 2))
+        ex.down_proj.copy_(torch.ops.lowbit.dequantize(m.w2, m.w2_scale, None, None, "mxfp4").transpose(1, 2))
+        hf = ex(x, ids, wts)
+    assert (y - hf).abs().max().item() <= 2e-2 * scale
+    assert "num_experts=4" in repr(m)
+    m2 = lnn.GptOssExperts(4, 64, 32)
+    m2.load_state_dict(m.state_dict())
+    assert torch.equal(m2(x, ids, wts), y)
+    cm = torch.compile(m, fullgraph=True, backend="aot_eager")
+    torch._dynamo.reset()
+    assert torch.equal(cm(x, ids, wts), y)
+
+
+def test_quantize_model_replaces_gpt_oss_experts():
+    ex = _hf_experts(seed=1)
+    holder = torch.nn.Module()
+    holder.add_module("experts", ex)
+    r = lnn.quantize_model(holder, "nvfp4")
+    assert "MXFP4 only" in dict(r.skipped)["experts"]
+    r = lnn.quantize_model(holder, "mxfp4")
+    assert [n for n, _ in r.replaced] == ["experts"] and isinstance(holder.experts, lnn.GptOssExperts)
