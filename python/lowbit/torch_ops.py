@@ -29,6 +29,8 @@ Importing this module registers (torch >= 2.4):
         residual_dtype="float8_e5m2") -> (k_nf4, k_scale, k_residual)
     torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths) -> ()
         (mutates k_nf4, k_scale and k_residual)
+    torch.ops.lowbit.mxfp4_gemm / nvfp4_gemm (the dense linears) and gpt_oss_moe_mlp (the
+        gpt-oss expert MLP): signatures at their definitions below
 
 The NF4 K-cache decode ops (lowbit.decode_attention) have no CUDA kernel yet: on CUDA tensors
 they raise NotImplementedError; their fakes already give the outputs' shapes.
