@@ -360,7 +360,7 @@ def _module_state(f, name: str, e) -> Tuple[str, Dict[str, torch.Tensor]]:
     if fmt.name not in _CLASSES or layout != "row_major" or len(e["shape"]) != 2 or not name.endswith(".weight"):
         raise CheckpointError(f"{f.path}: {name!r} ({fmt.name}, {layout}, shape {e['shape']}): load_quantized "
                               f"takes row_major nvfp4 / mxfp4 2-D '.weight' tensors")
-    if (fmt.name == "mxfp4" and getattr(fmt, "rounding", "rceil") not in ("rceil", None)) or fmt.nibble_order != "low":
+    if fmt.nibble_order != "low":
         raise CheckpointError(f"{f.path}: {name!r}: the linears decode low-nibble-first codes only")
     cls = _CLASSES[fmt.name]
     st = {"qweight": _to_torch(f.get(e["qdata"])).view(torch.uint8),
@@ -377,7 +377,8 @@ def load_quantized(path: str, model: Optional[nn.Module] = None, act: str = "bf1
     "<m>.weight" becomes "<m>.qweight", "<m>.weight_scale" (and "<m>.weight_global_amax" for
     NVFP4); other tensors keep their names. Given ``model``, each nn.Linear named <m> is replaced
     by an NVFP4Linear / MXFP4Linear holding the checkpoint's weight (``act``: MXFP4Linear's
-    activations) and every tensor is copied into the model (load_state_dict, strict: a missing or
+    activations), a quantized weight of another module (an embedding) is loaded decoded
+    (lowbit.dequantize), and every tensor is copied into the model (load_state_dict, strict: a missing or
     unexpected key raises). ``device`` places the tensors (default: the model's device or CPU)."""
     from . import safetensors_io as st
     from .checkpoint import read_lowbit_metadata
@@ -404,8 +405,15 @@ def load_quantized(path: str, model: Optional[nn.Module] = None, act: str = "bf1
         return state
     for mod, fmt in quantized.items():
         lin = model.get_submodule(mod)
-        if not isinstance(lin, (nn.Linear, _QuantLinear)):
-            raise TypeError(f"load_quantized: {mod!r} is a {type(lin).__name__}, not an nn.Linear")
+        if not isinstance(lin, (nn.Linear, _QuantLinear)):  # e.g. an embedding: its float weight, decoded
+            if not isinstance(getattr(lin, "weight", None), torch.Tensor):
+                raise TypeError(f"load_quantized: {mod!r} ({type(lin).__name__}) has no weight to load into")
+            bufs = {k: state.pop(f"{mod}.{k}") for k in ("qweight", "weight_scale", "weight_global_amax")
+                    if f"{mod}.{k}" in state}
+            qt = _ops.Quantized(bufs["qweight"], bufs["weight_scale"], None, bufs.get("weight_global_amax"), fmt,
+                                "row_major", tuple(lin.weight.shape))
+            state[f"{mod}.weight"] = _ops.dequantize(qt, "float32")
+            continue
         has_bias = f"{mod}.bias" in state
         kw = {"act": act} if fmt == "mxfp4" else {}
         q = _CLASSES[fmt](lin.in_features, lin.out_features, has_bias, device=device, **kw)

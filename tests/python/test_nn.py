@@ -322,3 +322,17 @@ def test_quantize_model_replaces_gpt_oss_experts():
     assert "MXFP4 only" in dict(r.skipped)["experts"]
     r = lnn.quantize_model(holder, "mxfp4")
     assert [n for n, _ in r.replaced] == ["experts"] and isinstance(holder.experts, lnn.GptOssExperts)
+
+
+def test_load_quantized_decodes_other_modules(tmp_path):
+    """A checkpoint quantized without excludes: the embedding's quantized weight is loaded decoded."""
+    from lowbit.cli import main
+    model, _ = _tiny_llama(seed=4)
+    model.save_pretrained(tmp_path / "src", safe_serialization=True)
+    out = tmp_path / "q.safetensors"
+    assert main(["quantize", str(tmp_path / "src" / "model.safetensors"), str(out), "--format", "mxfp4"]) == 0
+    fresh, _ = _tiny_llama(seed=5)
+    lnn.load_quantized(str(out), fresh)
+    assert isinstance(fresh.lm_head, lnn.MXFP4Linear)
+    w = model.model.embed_tokens.weight.detach()
+    assert torch.equal(fresh.model.embed_tokens.weight.detach(), lowbit.dequantize(lowbit.quantize(w, "mxfp4")))
