@@ -373,7 +373,8 @@ def _module_state(f, name: str, e) -> Tuple[str, Dict[str, torch.Tensor]]:
 def load_quantized(path: str, model: Optional[nn.Module] = None, act: str = "bf16",
                    device=None) -> Dict[str, torch.Tensor]:
     """Reads a checkpoint written by `lowbit quantize` (one .safetensors file, or a directory of
-    them) and returns its state as a flat dict in the modules' naming: a quantized weight
+    them), or one in the compressed-tensors convention (nvfp4- / mxfp4-pack-quantized
+    "X.weight_packed", "X.weight_scale" and NVFP4's "X.weight_global_scale"), and returns its state as a flat dict in the modules' naming: a quantized weight
     "<m>.weight" becomes "<m>.qweight", "<m>.weight_scale" (and "<m>.weight_global_amax" for
     NVFP4); other tensors keep their names. Given ``model``, each nn.Linear named <m> is replaced
     by an NVFP4Linear / MXFP4Linear holding the checkpoint's weight (``act``: MXFP4Linear's
@@ -393,6 +394,10 @@ def load_quantized(path: str, model: Optional[nn.Module] = None, act: str = "bf1
                 quantized[mod] = _format_of(e)
                 state.update({f"{mod}.{k}": v for k, v in bufs.items()})
                 owned.update(n for n in (e.get("qdata"), e.get("scale"), e.get("zero"), e.get("global_amax")) if n)
+            for mod, fmt, bufs, names in _compressed_tensors_modules(f):
+                quantized[mod] = fmt
+                state.update({f"{mod}.{k}": v for k, v in bufs.items()})
+                owned.update(names)
             for n in f.names():
                 if n not in owned:
                     state[n] = _to_torch(f.get(n))
@@ -430,3 +435,45 @@ def load_quantized(path: str, model: Optional[nn.Module] = None, act: str = "bf1
 
 def _format_of(e) -> str:
     return e["format"]
+
+
+def _amax_from_global_scale(gs: torch.Tensor) -> torch.Tensor:
+    """The float32 amax whose S_enc = 2688 / amax (computed in float32, as the kernels do) is the
+    compressed-tensors global scale gs, where one exists within a few ulps of 2688 / gs."""
+    gs = gs.float().reshape(1)
+    amax = torch.tensor([2688.0]) / gs
+    best = amax
+    for _ in range(4):
+        err = torch.tensor([2688.0]) / amax - gs
+        if err.item() == 0:
+            return amax
+        amax = torch.nextafter(amax, amax + err.sign() * amax)
+    return best
+
+
+def _compressed_tensors_modules(f):
+    """(module, format, buffers, tensor names) of each "X.weight_packed" of a compressed-tensors
+    file: nvfp4-pack-quantized (X.weight_scale E4M3 per 16, X.weight_global_scale = S_enc) or
+    mxfp4-pack-quantized (X.weight_scale UE8M0 bytes per 32); codes low nibble first."""
+    from .checkpoint import CheckpointError
+    names = set(f.names())
+    for n in sorted(names):
+        if not n.endswith(".weight_packed"):
+            continue
+        mod = n[: -len(".weight_packed")]
+        sc, gsn = f"{mod}.weight_scale", f"{mod}.weight_global_scale"
+        if sc not in names or f"{mod}.weight_zero_point" in names:
+            raise CheckpointError(f"{f.path}: {mod!r}: a weight_packed without weight_scale, or with zero points "
+                                  f"(only nvfp4- / mxfp4-pack-quantized load)")
+        q, scale = _to_torch(f.get(n)).view(torch.uint8), _to_torch(f.get(sc))
+        block = 2 * q.shape[-1] // max(1, scale.shape[-1])
+        fmt = "nvfp4" if gsn in names else "mxfp4"
+        if q.dim() != 2 or block != _CLASSES[fmt].block:
+            raise CheckpointError(f"{f.path}: {mod!r}: weight_packed {list(q.shape)} with weight_scale "
+                                  f"{list(scale.shape)} is not {fmt} (one scale per {_CLASSES[fmt].block})")
+        bufs = {"qweight": q, "weight_scale": scale.view(_CLASSES[fmt]._scale_dtype)}
+        used = [n, sc]
+        if fmt == "nvfp4":
+            bufs["weight_global_amax"] = _amax_from_global_scale(_to_torch(f.get(gsn)))
+            used += [gsn] + [x for x in (f"{mod}.input_global_scale",) if x in names]  # W4A16: unused
+        yield mod, fmt, bufs, used

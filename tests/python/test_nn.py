@@ -336,3 +336,42 @@ def test_load_quantized_decodes_other_modules(tmp_path):
     assert isinstance(fresh.lm_head, lnn.MXFP4Linear)
     w = model.model.embed_tokens.weight.detach()
     assert torch.equal(fresh.model.embed_tokens.weight.detach(), lowbit.dequantize(lowbit.quantize(w, "mxfp4")))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_load_quantized_compressed_tensors(tmp_path, fmt):
+    """A compressed-tensors directory (X.weight_packed / X.weight_scale / X.weight_global_scale)
+    with lowbit's codes: the loaded model equals quantize_model's, and (with the compressed-tensors
+    package) its weights decode as compressed-tensors decodes them."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    model, cfg = _tiny_llama(seed=6)
+    tensors = {}
+    for name, t in model.state_dict().items():
+        mod = name[: -len(".weight")]
+        if not name.endswith(".weight") or "layers" not in name or "norm" in name:
+            tensors[name] = t.contiguous()
+            continue
+        qt = lowbit.quantize(t, fmt)
+        tensors[f"{mod}.weight_packed"] = qt.data
+        tensors[f"{mod}.weight_scale"] = qt.scales.view(torch.uint8) if fmt == "mxfp4" else qt.scales
+        if fmt == "nvfp4":
+            tensors[f"{mod}.weight_global_scale"] = torch.tensor([2688.0]) / qt.global_amax.reshape(1)
+            tensors[f"{mod}.input_global_scale"] = torch.ones(1)
+    (tmp_path / "ct").mkdir()
+    safetensors_torch.save_file(tensors, str(tmp_path / "ct" / "model.safetensors"))
+    fresh, _ = _tiny_llama(seed=7)
+    lnn.load_quantized(str(tmp_path / "ct"), fresh)
+    lnn.quantize_model(model, fmt)
+    ids = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, model(ids).logits)
+    helpers = pytest.importorskip("compressed_tensors.compressors.nvfp4.helpers")
+    m = fresh.model.layers[0].mlp.up_proj
+    codes = helpers.unpack_fp4_from_uint8(m.qweight, m.out_features, m.in_features, torch.float32)
+    mod = "model.layers.0.mlp.up_proj"
+    if fmt == "nvfp4":
+        sc = m.weight_scale.float().repeat_interleave(16, 1)
+        ct = codes * sc / tensors[f"{mod}.weight_global_scale"]
+    else:
+        ct = codes * torch.exp2(m.weight_scale.view(torch.uint8).float() - 127).repeat_interleave(32, 1)
+    torch.testing.assert_close(m.dequantized_weight(), ct, rtol=2e-7, atol=0)
