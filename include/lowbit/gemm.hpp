@@ -1,9 +1,11 @@
 // lowbit/gemm.hpp: the GEMM operations (C++ API): the NVFP4 dual GEMM here, the grouped MXFP4
-// GEMM and the MoE MLP in lowbit/moe.hpp (included). CPU tensors run the fp32/fp64 reference in
+// GEMM and the MoE MLP in lowbit/moe.hpp, the dense MXFP4 / NVFP4 linears in lowbit/linear.hpp
+// (both included). CPU tensors run the fp32/fp64 reference in
 // src/ref; CUDA tensors run the sm_90a kernels where they exist, and otherwise throw
 // NotSupportedError (never a silent fallback).
 #pragma once
 
+#include "lowbit/linear.hpp"
 #include "lowbit/moe.hpp"
 #include "lowbit/ops.hpp"
 

@@ -30,6 +30,7 @@ from .gemm import (
     nvfp4_dual_gemm_prepack,
     nvfp4_dual_gemm_silu,
 )
+from .linear import mxfp4_gemm, mxfp4_gemm_prepack, nvfp4_gemm
 from .ops import (
     build_info,
     cast,
@@ -59,15 +60,17 @@ __all__ = [
     "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp",
     "flash_attn_mxfp8_func", "flash_attn_mxfp8_varlen_func", "quantize_mxfp8_attn", "flash_attn_mxfp8_quantized",
     "attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append",
+    "mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm",
 ]
 
 
 def __getattr__(name):
-    # `lowbit.torch_ops` imports torch on first use only (torch stays optional)
-    if name == "torch_ops":
+    # `lowbit.torch_ops` / `lowbit.nn` (and nn's load_quantized) import torch on first use only
+    if name in ("torch_ops", "nn", "load_quantized"):
         import importlib
 
-        return importlib.import_module(".torch_ops", __name__)
+        mod = importlib.import_module(".torch_ops" if name == "torch_ops" else ".nn", __name__)
+        return mod.load_quantized if name == "load_quantized" else mod
     raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
 
 

@@ -29,6 +29,8 @@ Importing this module registers (torch >= 2.4):
         residual_dtype="float8_e5m2") -> (k_nf4, k_scale, k_residual)
     torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths) -> ()
         (mutates k_nf4, k_scale and k_residual)
+    torch.ops.lowbit.mxfp4_gemm / nvfp4_gemm (the dense linears) and gpt_oss_moe_mlp (the
+        gpt-oss expert MLP): signatures at their definitions below
 
 The NF4 K-cache decode ops (lowbit.decode_attention) have no CUDA kernel yet: on CUDA tensors
 they raise NotImplementedError; their fakes already give the outputs' shapes.
@@ -311,3 +313,69 @@ def nf4_kcache_append(k_new: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residual:
 @nf4_kcache_append.register_fake
 def _(k_new, k_nf4, k_scale, k_residual, lengths):
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# dense linears (lowbit.linear): mxfp4_gemm (CUDA: the grouped MXFP4 kernel with one group),
+# nvfp4_gemm (CPU reference only; CUDA tensors raise NotImplementedError)
+#
+#   torch.ops.lowbit.mxfp4_gemm(a, b, b_scale, a_scale=None, bias=None, a_scale_layout="row_major",
+#       b_scale_layout="row_major", b_packed=False, n=None, out_dtype=torch.bfloat16) -> c [M, N]
+#   torch.ops.lowbit.nvfp4_gemm(a, b, b_scale, a_scale=None, amax_a=None, amax_b=None, bias=None,
+#       a_scale_layout="row_major", b_scale_layout="row_major", out_dtype=torch.bfloat16) -> c [M, N]
+
+from . import linear as _linear  # noqa: E402
+
+
+@torch.library.custom_op("lowbit::mxfp4_gemm", mutates_args=())
+def mxfp4_gemm(a: Tensor, b: Tensor, b_scale: Tensor, a_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               a_scale_layout: str = "row_major", b_scale_layout: str = "row_major", b_packed: bool = False,
+               n: Optional[int] = None, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    return _linear.mxfp4_gemm(a, b, b_scale, a_scale=a_scale, bias=bias, a_scale_layout=a_scale_layout,
+                              b_scale_layout=b_scale_layout, b_packed=b_packed, n=n, out_dtype=out_dtype)
+
+
+@mxfp4_gemm.register_fake
+def _(a, b, b_scale, a_scale=None, bias=None, a_scale_layout="row_major", b_scale_layout="row_major", b_packed=False,
+      n=None, out_dtype=torch.bfloat16):
+    if b_packed and n is None:
+        raise ValueError("mxfp4_gemm: argument 'n': is required with b_packed=True")
+    return a.new_empty((a.shape[0], n if b_packed else b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("lowbit::nvfp4_gemm", mutates_args=())
+def nvfp4_gemm(a: Tensor, b: Tensor, b_scale: Tensor, a_scale: Optional[Tensor] = None,
+               amax_a: Optional[Tensor] = None, amax_b: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               a_scale_layout: str = "row_major", b_scale_layout: str = "row_major",
+               out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    return _linear.nvfp4_gemm(a, b, b_scale, a_scale=a_scale, amax_a=amax_a, amax_b=amax_b, bias=bias,
+                              a_scale_layout=a_scale_layout, b_scale_layout=b_scale_layout, out_dtype=out_dtype)
+
+
+@nvfp4_gemm.register_fake
+def _(a, b, b_scale, a_scale=None, amax_a=None, amax_b=None, bias=None, a_scale_layout="row_major",
+      b_scale_layout="row_major", out_dtype=torch.bfloat16):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# the gpt-oss expert MLP (lowbit.gpt_oss_moe_mlp)
+#
+#   torch.ops.lowbit.gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2,
+#       alpha=1.702, limit=7.0, act="bf16", packed=False) -> out (x's shape and dtype)
+
+from .gemm import gpt_oss_moe_mlp as _moe_mlp  # noqa: E402
+
+
+@torch.library.custom_op("lowbit::gpt_oss_moe_mlp", mutates_args=())
+def gpt_oss_moe_mlp(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w1_scale: Tensor, b1: Tensor,
+                    w2: Tensor, w2_scale: Tensor, b2: Tensor, alpha: float = 1.702, limit: float = 7.0,
+                    act: str = "bf16", packed: bool = False) -> Tensor:
+    return _moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2, alpha=alpha, limit=limit, act=act,
+                    packed=packed)
+
+
+@gpt_oss_moe_mlp.register_fake
+def _(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2, alpha=1.702, limit=7.0, act="bf16",
+      packed=False):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -160,5 +160,6 @@ void bind_gemm(nb::module_& m);     // NVFP4 dual GEMM
 void bind_moe(nb::module_& m);      // MXFP4 grouped GEMM, its prepack, the gpt-oss expert MLP
 void bind_attention(nb::module_& m);  // MXFP8 flash attention (fixed length, varlen)
 void bind_decode_attention(nb::module_& m);  // NF4 K-cache decode attention, K encode, cache append
+void bind_linear(nb::module_& m);     // dense MXFP4 / NVFP4 linears (mxfp4_gemm, nvfp4_gemm)
 
 }  // namespace lowbit_bind

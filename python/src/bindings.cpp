@@ -128,6 +128,7 @@ NB_MODULE(_C, m) {
   lowbit_bind::bind_moe(m);
   lowbit_bind::bind_attention(m);
   lowbit_bind::bind_decode_attention(m);
+  lowbit_bind::bind_linear(m);
 
   m.def(
       "build_info",

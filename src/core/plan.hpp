@@ -6,7 +6,8 @@
 //                       the scalar loads / stores
 //   plan_kcache.hpp     KCachePlan
 //   plan_gemm.hpp       DualGemmPlan
-//   plan_moe.hpp        GroupGemmPlan, Mxfp4PackPlan, MoeMlpPlan
+//   plan_moe.hpp        GroupGemmPlan (also the dense mxfp4_gemm), Mxfp4PackPlan, MoeMlpPlan
+//   plan_linear.hpp     Nvfp4GemmPlan
 //   plan_attention.hpp  AttnMxfp8Plan
 //   plan_decode.hpp     DecodeNf4Plan, KprojRopePlan, KCacheAppendPlan
 #pragma once
@@ -16,4 +17,5 @@
 #include "core/plan_formats.hpp"
 #include "core/plan_gemm.hpp"
 #include "core/plan_kcache.hpp"
+#include "core/plan_linear.hpp"
 #include "core/plan_moe.hpp"

@@ -24,6 +24,10 @@ struct GroupGemmPlan {
   void* out = nullptr;
   DType out_dtype = DType::kBFloat16;
   int64_t o_sM = 0;
+  /// Optional bias [N] added to every row in fp32 (the dense mxfp4_gemm sets it; the grouped
+  /// GEMM's API leaves it null).
+  const void* bias = nullptr;
+  DType bias_dtype = DType::kFloat32;
 
   LOWBIT_HOST_DEVICE int64_t bound(int64_t g) const {
     return indptr64 ? static_cast<const int64_t*>(m_indptr)[g] : int64_t(static_cast<const int32_t*>(m_indptr)[g]);

@@ -1,5 +1,6 @@
 // src/ref/ref_moe.cpp: CPU references of the MXFP4 grouped GEMM, its weight prepack and the gpt-oss
-// expert MLP: dequantize every operand exactly to fp32, accumulate in fp64, epilogue in fp32.
+// expert MLP: dequantize every operand exactly to fp32, accumulate in fp64, epilogue in fp32. The
+// grouped GEMM with one group and a bias is also the dense mxfp4_gemm's reference.
 #include <cmath>
 #include <vector>
 
@@ -32,7 +33,8 @@ void group_gemm_mxfp4(const GroupGemmPlan& p) {
         double acc = 0.0;
         const float* br = B.data() + n * p.K;
         for (int64_t k = 0; k < p.K; ++k) acc += double(A[size_t(k)]) * double(br[k]);
-        store_float(p.out, p.out_dtype, m * p.o_sM + n, float(acc));
+        const float bias = p.bias ? load_float(p.bias, p.bias_dtype, n) : 0.0f;
+        store_float(p.out, p.out_dtype, m * p.o_sM + n, p.bias ? float(acc) + bias : float(acc));
       }
     });
   }

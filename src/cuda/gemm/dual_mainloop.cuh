@@ -43,8 +43,11 @@ __device__ __forceinline__ void dequant_fragments(const uint8_t* chunk, int wtid
   }
 }
 
-template <int kTileN, int kStages>
-__global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
+/// The mainloop; the epilogue is chosen by the argument type (MainArgs: the dual GEMM's SiLU * up;
+/// SingleArgs: the dense NVFP4 linear, see single_epilogue.cuh).
+template <int kTileN, int kStages, class Args = MainArgs>
+__global__ void __launch_bounds__(256) dual_gemm_kernel(Args E) {
+  const MainArgs& A = main_args(E);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   constexpr int kActBytes = kTileN * 128;
   constexpr int kStageBytes = kActBytes + ((2 * kChunkBytes + 1023) / 1024) * 1024;
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(256) dual_gemm_kernel(MainArgs A) {
     for (int i = 0; i < kTileN / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
   }
   cp_async_wait<0>();
-  epilogue_store<kTileN>(A, acc, l, bx, tok0, wg, warp, lane, split);
+  epilogue_store<kTileN>(E, acc, l, bx, tok0, wg, warp, lane, split);
 }
 
 }  // namespace

@@ -35,6 +35,8 @@ struct MainArgs {
   int k_tiles_per_split;
 };
 
+__host__ __device__ inline const MainArgs& main_args(const MainArgs& a) { return a; }
+
 /// The mainloop kernel's parameters of a validated plan: the prepacked weights, the activation
 /// pre-pass's bf16 rows, the split-K workspace (null when cfg.splits == 1) and the split.
 inline MainArgs make_dual_params(const DualGemmPlan& p, const uint8_t* packed, const uint16_t* act, float* ws,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/plan_gemm.hpp"
+#include "core/plan_linear.hpp"
 
 namespace lowbit::cuda {
 
@@ -12,5 +13,8 @@ namespace lowbit::cuda {
 int nvfp4_dual_gemm_prepack(const detail::DualGemmPlan& p, uint8_t* packed, void* stream);
 /// C = silu(A B1^T) * (A B2^T). `packed` null: the weights are prepacked into a temporary.
 int nvfp4_dual_gemm(const detail::DualGemmPlan& p, const uint8_t* packed, void* stream);
+/// The dense NVFP4 linear out = A B^T (* global scales, + bias) on the dual GEMM's mainloop
+/// (N a multiple of 128, K of 64; B prepacked into a temporary at each call).
+int nvfp4_gemm(const detail::Nvfp4GemmPlan& q, void* stream);
 
 }  // namespace lowbit::cuda

@@ -58,10 +58,7 @@ __device__ __forceinline__ void store_pair(const GroupArgs& A, int64_t g, int64_
     const int64_t n = R + 8 * h;
     if (n >= A.N) continue;
     const float v = h ? v1 : v0;
-    if (A.mode == kEpiBias)
-      static_cast<float*>(A.out)[m * A.o_sM + n] = v + load_bias(A, g, n);
-    else
-      store_float(A.out, A.out_dtype, m * A.o_sM + n, v);
+    store_float(A.out, A.out_dtype, m * A.o_sM + n, A.mode == kEpiBias ? v + load_bias(A, g, n) : v);
   }
 }
 

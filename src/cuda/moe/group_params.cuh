@@ -60,11 +60,11 @@ __host__ __device__ constexpr int64_t act_index(int64_t k, int KT) {
 enum EpiMode : int {
   kEpiPlain = 0,   ///< out[m, n] = acc (out dtype)
   kEpiSwiglu = 1,  ///< gpt-oss: rows 2f / 2f+1 are gate / up of feature f; bias, clamped SwiGLU
-  kEpiBias = 2,    ///< out[m, n] = acc + bias[g, n] (fp32)
+  kEpiBias = 2,    ///< out[m, n] = acc + bias[g, n] (sum in fp32, stored as out_dtype)
 };
 
-/// The gpt-oss MLP's epilogue (kEpiSwiglu, kEpiBias): only make_mlp_params sets it; the plain
-/// grouped GEMM leaves the defaults.
+/// The gpt-oss MLP's epilogue (kEpiSwiglu, kEpiBias): make_mlp_params sets it; the plain grouped
+/// GEMM leaves the defaults, the dense mxfp4_gemm sets only the bias (kEpiBias).
 struct MlpEpilogue {
   bool out_act_layout = false;  ///< kEpiSwiglu: write bf16 in act_pos order (the next GEMM's A)
   int out_kt = 64;              ///< that GEMM's KT
@@ -163,6 +163,12 @@ inline GroupArgs make_group_params(const GroupGemmPlan& p) {
   a.a_scale = p.a_scale;
   a.spa = p.spa;
   a.mode = kEpiPlain;
+  if (p.bias) {  // the dense mxfp4_gemm's bias (one group: bias_sG unused)
+    a.mode = kEpiBias;
+    a.mlp.bias = p.bias;
+    a.mlp.bias_dtype = p.bias_dtype;
+    a.mlp.bias_sG = 0;
+  }
   a.out = p.out;
   a.out_dtype = p.out_dtype;
   a.o_sM = p.o_sM;
@@ -204,6 +210,7 @@ inline GroupArgs make_mlp_params(const MoeMlpPlan& p, MlpGemm gemm, const int32_
   a.act = act;
   a.mode = up ? kEpiSwiglu : kEpiBias;
   a.out = out;
+  a.out_dtype = DType::kFloat32;  // kDown's partial outputs o; kGateUp stores by out_act_layout
   a.o_sM = o_sM;
   a.mlp.out_act_layout = out_act_layout;
   a.mlp.out_kt = KT;

@@ -1,0 +1,173 @@
+"""Dense low-precision linears (C++: include/lowbit/linear.hpp; docs/linear.md).
+
+``C[M, N] = A[M, K] @ B[N, K]^T (+ bias[N])`` with MXFP4 weights (mxfp4_gemm: the grouped MXFP4
+GEMM's sm_90a kernel with one group on CUDA tensors) or NVFP4 weights (nvfp4_gemm: CPU reference
+only so far; CUDA tensors raise NotImplementedError). Host arrays run the CPU reference (exact
+dequantization, fp64 sums); CUDA tensors run on the current torch stream.
+"""
+
+from __future__ import annotations
+
+from . import _C
+from ._arrays import Backend, as_array, c_export, c_view, check_int, dtype_name, same_backend
+from ._formats import _choice
+from .gemm import (MXFP4_PACK_K, MXFP4_PACK_ROWS, _KINDS, _bytes, _cb, _f32, _group_scale_shapes, _required,
+                   _writable, group_gemm_mxfp4_prepack)
+
+
+def _ceil(a, b):
+    return -(-a // b) * b
+
+
+def _dense_scale_shapes(R, cols, blocked):
+    """The index shapes of one stored R x cols scale matrix: [R, cols] (row_major) or the padded
+    [Rp, Cp] (blocked128x4), each also with a leading batch of 1."""
+    if blocked:
+        R, cols = _ceil(R, 128), _ceil(cols, 4)
+    return {(R, cols): (0, 1), (1, R, cols): (0, 1, 2)}
+
+
+def _bias(bias, be: Backend, op):
+    """(array view, dtype) of the optional bias for _C (float32 when absent)."""
+    if bias is None:
+        return None, _C.DType.float32
+    bias = as_array(bias, op, "bias")
+    return c_view(bias, op, "bias")
+
+
+def _out(out, be: Backend, M, N, out_dtype, op):
+    if out is None:
+        out = be.empty((M, N), dtype_name(out_dtype, op, "out_dtype"))
+    return out
+
+
+def mxfp4_gemm_prepack(b, b_scale, *, b_scale_layout: str = "row_major"):
+    """Prepares dense MXFP4 weights once (load time) for ``mxfp4_gemm(..., b_packed=True)``:
+    b [N, K/2] and b_scale (UE8M0 N x K/32, "row_major" or "blocked128x4") -> (packed_b uint8
+    [Np, Kp/2], packed_scale uint8 [Np, Kp/32]) with Np = N rounded up to 128 and Kp = K rounded
+    up to 256 (group_gemm_mxfp4_prepack of one group; lossless), on b's device."""
+    op = "mxfp4_gemm_prepack"
+    _required(b, op, "b")
+    _required(b_scale, op, "b_scale")
+    b = _bytes(b, op, "b")
+    if b.ndim != 2:
+        raise ValueError(f"{op}: argument 'b': expected [N, K/2], got shape {tuple(b.shape)}")
+    pb, ps = group_gemm_mxfp4_prepack(b[None], b_scale, b_scale_layout=b_scale_layout)
+    return pb[0], ps[0]
+
+
+def mxfp4_gemm(a, b, b_scale, *, a_scale=None, bias=None, a_scale_layout: str = "row_major",
+               b_scale_layout: str = "row_major", b_packed: bool = False, n: int | None = None, out=None,
+               out_dtype="bfloat16"):
+    """Dense MXFP4 linear::
+
+        C[m, n] = sum_k A[m, k] * B[n, k]  (+ bias[n])
+
+    B [N, K/2] is MXFP4 (E2M1 codes, element 2k in the low nibble; uint8 / float4_e2m1fn_x2) with
+    ``b_scale`` UE8M0 per 32 K-elements (N x K/32, "row_major" or "blocked128x4"); decoded
+    code * 2^(scale - 127). A [M, K] is bfloat16 (W4A16, no ``a_scale``) or MXFP8 (W4A8:
+    float8_e4m3fn / float8_e5m2 codes with ``a_scale`` UE8M0 M x K/32 in ``a_scale_layout``).
+    Sums in fp32 (the CPU reference: fp64, rounded once to fp32), + bias (float32 / bfloat16 /
+    float16 [N]) in fp32, C rounded to ``out_dtype`` (bfloat16 or float16). K % 32 == 0,
+    N % 8 == 0, any M. ``b_packed=True``: b / b_scale come from mxfp4_gemm_prepack (or
+    group_gemm_mxfp4_prepack of one group) and N is ``out.shape[1]`` or ``n``. Scales of their
+    stored shape in another memory order are copied to row-major order first. CUDA tensors run
+    the grouped MXFP4 GEMM's sm_90a kernel with one group (no host synchronisation; CUDA-graph
+    safe). Returns C [M, N]."""
+    op = "mxfp4_gemm"
+    for arg, v in (("a", a), ("b", b), ("b_scale", b_scale)):
+        _required(v, op, arg)
+    _writable(out, op)
+    a = as_array(a, op, "a", float_default=False)
+    be = Backend(a, op, "a")
+    if a.ndim != 2:
+        raise ValueError(f"{op}: argument 'a': expected [M, K], got shape {tuple(a.shape)}")
+    for arg, v in (("b", b), ("b_scale", b_scale), ("a_scale", a_scale), ("bias", bias), ("out", out)):
+        same_backend(a, v, op, arg)
+    av, adt = c_view(a, op, "a")
+    M, K = int(a.shape[0]), int(a.shape[1])
+    if out is None:
+        if b_packed:
+            if n is None:
+                raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
+            N = check_int(n, op, "n", 0)
+        else:
+            if not hasattr(b, "shape") or len(b.shape) != 2:
+                raise ValueError(f"{op}: argument 'b': expected [N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
+            N = int(b.shape[0])
+            if n is not None and check_int(n, op, "n", 0) != N:
+                raise ValueError(f"{op}: argument 'n': n = {n} does not match b's N = {N}")
+        out = _out(out, be, M, N, out_dtype, op)
+    ov, odt = c_view(out, op, "out")
+    akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
+    bkind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
+    a_shapes = _group_scale_shapes(1, M, K, akind == _KINDS["blocked128x4"]) if K % 32 == 0 else None
+    b_shapes = None
+    if not b_packed and hasattr(b, "shape") and len(b.shape) == 2 and K % 32 == 0:
+        b_shapes = _group_scale_shapes(1, int(b.shape[0]), K, bkind == _KINDS["blocked128x4"])
+    bv, bdt = _bias(bias, be, op)
+    with be.guard():
+        # a_scale is passed whatever a's dtype: bf16 activations with scales are refused, not ignored
+        _C.mxfp4_gemm(av, adt, None if a_scale is None else _cb(a_scale, op, "a_scale", a_shapes), akind,
+                      _cb(b, op, "b"), _cb(b_scale, op, "b_scale", b_shapes), bkind, bv, bdt, ov, odt,
+                      b_packed=bool(b_packed), stream=be.stream())
+    return out
+
+
+def nvfp4_gemm(a, b, b_scale, *, a_scale=None, amax_a=None, amax_b=None, bias=None,
+               a_scale_layout: str = "row_major", b_scale_layout: str = "row_major", out=None,
+               out_dtype="bfloat16"):
+    """Dense NVFP4 linear::
+
+        C[m, n] = (sum_k A[m, k] * B[n, k]) * sa * sb  (+ bias[n])
+
+    B [N, K/2] is NVFP4 (E2M1 codes, element 2k in the low nibble) with ``b_scale`` E4M3 per 16
+    K-elements (N x K/16, "row_major" or "blocked128x4"); sb = 1 / (448 * 6 / amax_b) when the
+    per-tensor ``amax_b`` (float32 [1], as quantize(compute_global_amax=True) writes it) is given,
+    else 1. A is bfloat16 [M, K] (W4A16, sa = 1) or NVFP4 codes [M, K/2] with ``a_scale`` E4M3
+    M x K/16 and optional ``amax_a`` (sa likewise). Dot products in fp64 rounded once to fp32,
+    times sa * sb, + bias in fp32, C rounded to ``out_dtype`` (bfloat16 or float16).
+    K % 16 == 0, N >= 1, any M. CPU only: CUDA tensors raise NotImplementedError (no CUDA kernel
+    yet). Returns C [M, N]."""
+    op = "nvfp4_gemm"
+    for arg, v in (("a", a), ("b", b), ("b_scale", b_scale)):
+        _required(v, op, arg)
+    _writable(out, op)
+    a = as_array(a, op, "a", float_default=False)
+    be = Backend(a, op, "a")
+    if a.ndim != 2:
+        raise ValueError(f"{op}: argument 'a': expected [M, K] (bfloat16) or [M, K/2] (NVFP4 codes), "
+                         f"got shape {tuple(a.shape)}")
+    for arg, v in (("b", b), ("b_scale", b_scale), ("a_scale", a_scale), ("amax_a", amax_a), ("amax_b", amax_b),
+                   ("bias", bias), ("out", out)):
+        same_backend(a, v, op, arg)
+    bf16 = dtype_name(a.dtype, op, "a") == "bfloat16"
+    if bf16:
+        av, adt = c_view(a, op, "a")
+    else:
+        if a.dtype.itemsize != 1:
+            raise ValueError(f"{op}: argument 'a': expected bfloat16 activations or packed NVFP4 codes "
+                             f"(uint8 / float4_e2m1fn_x2), got {a.dtype}")
+        av, adt = c_export(_bytes(a, op, "a")), _C.DType.uint8
+    M = int(a.shape[0])
+    K = int(a.shape[1]) if bf16 else 2 * int(a.shape[1])
+    if out is None:
+        if not hasattr(b, "shape") or len(b.shape) != 2:
+            raise ValueError(f"{op}: argument 'b': expected [N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
+        out = _out(out, be, M, int(b.shape[0]), out_dtype, op)
+    ov, odt = c_view(out, op, "out")
+    akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
+    bkind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
+    a_shapes = _dense_scale_shapes(M, K // 16, akind == _KINDS["blocked128x4"]) if K % 16 == 0 else None
+    b_shapes = None
+    if hasattr(b, "shape") and len(b.shape) == 2 and K % 16 == 0:
+        b_shapes = _dense_scale_shapes(int(b.shape[0]), K // 16, bkind == _KINDS["blocked128x4"])
+    bv, bdt = _bias(bias, be, op)
+    with be.guard():
+        _C.nvfp4_gemm(av, adt, None if a_scale is None else _cb(a_scale, op, "a_scale", a_shapes), akind,
+                      _f32(amax_a, be, op, "amax_a"), _cb(b, op, "b"), _cb(b_scale, op, "b_scale", b_shapes), bkind,
+                      _f32(amax_b, be, op, "amax_b"), bv, bdt, ov, odt, stream=be.stream())
+    return out
+
+
+__all__ = ["mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm", "MXFP4_PACK_ROWS", "MXFP4_PACK_K"]

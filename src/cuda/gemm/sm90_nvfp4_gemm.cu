@@ -1,0 +1,66 @@
+// src/cuda/gemm/sm90_nvfp4_gemm.cu: the dense NVFP4 linear (nvfp4_gemm) on the NVFP4 dual GEMM's
+// mainloop (exact: E2M1 x E4M3 weights decoded to bf16 in registers, bf16 wgmma, fp32
+// accumulation), with its own prepack, activation pass and epilogue (single_epilogue.cuh).
+#include <cuda_runtime.h>
+
+#include "cuda/common/workspace.cuh"
+#include "cuda/gemm/dual_launch.cuh"
+#include "cuda/gemm/single_epilogue.cuh"
+
+namespace lowbit::cuda {
+
+int nvfp4_gemm(const Nvfp4GemmPlan& q, void* stream) {
+  if (q.M == 0 || q.N == 0) return cudaSuccess;
+  if (q.N % 128 != 0 || q.K % kTileK != 0) return cudaErrorInvalidValue;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  cudaMemPool_t pool = nullptr;
+  if (cudaError_t pe = workspace_pool(&pool); pe != cudaSuccess) return int(pe);
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const int sms = sm_count(dev);
+  // the mainloop's view: N / 2 "features" of two 64-row blocks each, one batch
+  DualGemmPlan p;
+  p.M = q.M;
+  p.N = q.N / 2;
+  p.K = q.K;
+  p.L = 1;
+  const DualConfig cfg = dual_config(p.M, p.N, p.K, p.L, sms);
+  const int64_t kTiles = q.K / kTileK, chunks = (q.N / kRowsPerWG) * kTiles;
+  uint8_t* packed = nullptr;
+  uint16_t* act = nullptr;
+  float* ws = nullptr;
+  cudaError_t e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&packed), size_t(chunks * kChunkBytes), pool, st);
+  if (e == cudaSuccess) {
+    single_prepack_kernel<<<unsigned(chunks), 128, 0, st>>>(q, packed);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&act), size_t(q.M * q.K * 2), pool, st);
+  if (e == cudaSuccess) {
+    const int64_t blocks = q.M * (q.K / 16);
+    const unsigned grid = unsigned(blocks / 256 + 1 < 4 * int64_t(sms) * 8 ? blocks / 256 + 1 : 4 * int64_t(sms) * 8);
+    single_act_kernel<<<grid, 256, 0, st>>>(q, act);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess && cfg.splits > 1)
+    e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ws), size_t(cfg.splits) * q.M * q.N * sizeof(float), pool, st);
+  if (e == cudaSuccess) {
+    const SingleArgs a{make_dual_params(p, packed, act, ws, cfg), q};
+    switch (cfg.tile_n) {
+      case 16: e = launch_main<16, dual_stages(16)>(a, dev, st); break;
+      case 32: e = launch_main<32, dual_stages(32)>(a, dev, st); break;
+      case 64: e = launch_main<64, dual_stages(64)>(a, dev, st); break;
+      default: e = launch_main<128, dual_stages(128)>(a, dev, st); break;
+    }
+  }
+  if (e == cudaSuccess && cfg.splits > 1) {
+    const int64_t n = q.M * q.N;
+    single_finalize_kernel<<<unsigned(n / 256 + 1 < 65535 ? n / 256 + 1 : 65535), 256, 0, st>>>(q, ws, cfg.splits);
+    e = cudaGetLastError();
+  }
+  if (ws) cudaFreeAsync(ws, st);
+  if (act) cudaFreeAsync(act, st);
+  if (packed) cudaFreeAsync(packed, st);
+  return int(e);
+}
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,377 @@
+"""lowbit.nn: NVFP4Linear / MXFP4Linear against the float64 product of their quantized operands,
+quantize_model on a tiny transformers Llama, torch.compile, state_dict, load_quantized of a
+checkpoint written by `lowbit quantize`; (marked gpu) the CUDA path and CUDA-graph replay.
+
+Skips without torch (the Llama tests also without transformers). Run:
+    PYTHONPATH=python python -m pytest -q tests/python/test_nn.py
+"""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import lowbit  # noqa: E402
+from lowbit import nn as lnn  # noqa: E402
+
+CLASSES = {"nvfp4": lnn.NVFP4Linear, "mxfp4": lnn.MXFP4Linear}
+
+
+def _ulp(ref, dtype):
+    """One ulp of `dtype` at |ref| (normal range)."""
+    e = torch.floor(torch.log2(ref.abs().clamp_min(torch.finfo(dtype).tiny)))
+    return torch.exp2(e) * torch.finfo(dtype).eps
+
+
+def assert_gemm_rule(y, ref, out_dtype, what=""):
+    """The library's GEMM rule: |y - ref| <= 1e-3 + 1e-3 |ref| + one output ulp, every element."""
+    y, ref = y.double(), ref.double()
+    tol = 1e-3 + 1e-3 * ref.abs() + _ulp(ref, out_dtype)
+    bad = (y - ref).abs() > tol
+    assert not bad.any(), f"{what}: {int(bad.sum())} elements off, max err {(y - ref).abs().max().item():.3g}"
+
+
+def _linear(K, N, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(K, N, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(N, K, generator=g) * 0.05)
+        if bias:
+            lin.bias.copy_(torch.randn(N, generator=g))
+    return lin
+
+
+def _reference(m, x):
+    """float64 product of the operands the layer uses: bfloat16 activations (MXFP8-decoded for
+    act="mxfp8") times the dequantized weight, + bias."""
+    a = x.reshape(-1, m.in_features).to(torch.bfloat16)
+    if getattr(m, "act", "bf16") == "mxfp8":
+        q, s = torch.ops.lowbit.mxfp8_quantize(a)
+        a = torch.ops.lowbit.dequantize(q, s, None, None, "mxfp8_e4m3")
+    ref = a.double() @ m.dequantized_weight().double().T
+    if m.bias is not None:
+        ref = ref + m.bias.double()
+    return ref.reshape(*x.shape[:-1], m.out_features)
+
+
+@pytest.mark.parametrize("fmt,act", [("nvfp4", "bf16"), ("mxfp4", "bf16"), ("mxfp4", "mxfp8")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("lead,K,N,bias", [((3,), 64, 24, True), ((2, 5), 96, 40, False), ((1,), 32, 8, True)])
+def test_forward_matches_dequantized_reference(fmt, act, dtype, lead, K, N, bias):
+    lin = _linear(K, N, bias, seed=K + N)
+    m = lnn.MXFP4Linear.from_linear(lin, act=act) if fmt == "mxfp4" else lnn.NVFP4Linear.from_linear(lin)
+    x = torch.randn(*lead, K, generator=torch.Generator().manual_seed(7)).to(dtype)
+    y = m(x)
+    assert y.dtype == dtype and y.shape == (*lead, N)
+    out_dtype = torch.bfloat16 if dtype == torch.float32 else dtype
+    assert_gemm_rule(y, _reference(m, x), out_dtype, f"{fmt}/{act}/{dtype}")
+
+
+def test_quantization_is_the_library_recipe():
+    lin = _linear(64, 16, True, seed=3)
+    m = lnn.NVFP4Linear.from_linear(lin)
+    qt = lowbit.quantize(lin.weight.detach(), "nvfp4", compute_global_amax=True)
+    assert torch.equal(m.qweight, qt.data)
+    assert torch.equal(m.weight_scale.view(torch.uint8), qt.scales.view(torch.uint8))
+    assert torch.equal(m.weight_global_amax, qt.global_amax.reshape(1))
+    m4 = lnn.MXFP4Linear.from_linear(lin)
+    qt4 = lowbit.quantize(lin.weight.detach(), "mxfp4")
+    assert torch.equal(m4.qweight, qt4.data)
+    assert torch.equal(m4.weight_scale.view(torch.uint8), qt4.scales.view(torch.uint8))
+    assert torch.equal(m4.bias, lin.bias.detach())
+
+
+def test_empty_batch_and_bad_inputs():
+    m = lnn.MXFP4Linear.from_linear(_linear(32, 8, False, seed=1))
+    assert m(torch.zeros(0, 32, dtype=torch.bfloat16)).shape == (0, 8)
+    with pytest.raises(ValueError, match="in_features"):
+        m(torch.zeros(2, 64))
+    with pytest.raises(TypeError, match="bfloat16"):
+        m(torch.zeros(2, 32, dtype=torch.int32))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        lnn.NVFP4Linear(24, 8)
+    with pytest.raises(ValueError, match="act"):
+        lnn.MXFP4Linear(32, 8, act="int8")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_state_dict_round_trip(fmt):
+    m = CLASSES[fmt].from_linear(_linear(64, 16, True, seed=5))
+    sd = m.state_dict()
+    expect = {"qweight", "weight_scale", "bias"} | ({"weight_global_amax"} if fmt == "nvfp4" else set())
+    assert set(sd) == expect
+    m2 = CLASSES[fmt](64, 16, bias=True)
+    m2.load_state_dict(sd)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    assert torch.equal(m(x), m2(x))
+    assert f"format={fmt}" in repr(m2) and "in_features=64" in repr(m2)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_torch_compile_fullgraph(fmt):
+    """Dynamo + AOTAutograd trace the custom ops through their fakes (no graph break)."""
+    m = CLASSES[fmt].from_linear(_linear(64, 24, True, seed=9))
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    cm = torch.compile(m, fullgraph=True, backend="aot_eager")
+    assert torch.equal(cm(x), m(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize_model and load_quantized on a tiny Llama
+
+def _tiny_llama(seed=0):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg).eval(), cfg
+
+
+class _EmulatedLinear(torch.nn.Module):
+    """The quantized layer's computation written with torch ops on its dequantized weight:
+    bfloat16 activations, float64 sums rounded once to float32, times the NVFP4 per-tensor decode
+    factor in float32, + bias, rounded to bfloat16."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.sb = None
+        if isinstance(m, lnn.NVFP4Linear):  # the block-scaled weight without S_dec, and S_dec apart
+            unit = lnn.NVFP4Linear(m.in_features, m.out_features)
+            unit.load_state_dict({**m.state_dict(), "weight_global_amax": torch.tensor([2688.0])}, strict=False)
+            self.w = unit.dequantized_weight().double()
+            self.sb = 1.0 / (torch.tensor(2688.0, dtype=torch.float32) / m.weight_global_amax[0])
+        else:
+            self.w = m.dequantized_weight().double()
+        self.b = m.bias
+
+    def forward(self, x):
+        y = (x.to(torch.bfloat16).double() @ self.w.T).float()
+        if self.sb is not None:
+            y = y * self.sb
+        if self.b is not None:
+            y = y + self.b
+        return y.to(torch.bfloat16).to(x.dtype)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_quantize_model_tiny_llama(fmt):
+    model, cfg = _tiny_llama()
+    ids = torch.randint(0, cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    report = lnn.quantize_model(model, fmt)
+    names = {n for n, _ in report.replaced}
+    assert len(names) == 2 * 7 and "model.layers.0.mlp.gate_proj" in names
+    assert dict(report.skipped) == {"lm_head": "excluded (lm_head)"}
+    assert isinstance(model.model.layers[1].self_attn.o_proj, CLASSES[fmt])
+    ref = copy.deepcopy(model)
+    for n in names:
+        lnn._set_child(ref, n, _EmulatedLinear(ref.get_submodule(n)))
+    with torch.no_grad():
+        got, want = model(ids).logits, ref(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert str(report).startswith(f"{fmt}: 14 replaced, 1 skipped")
+
+
+def test_quantize_model_selection_and_cuda_shapes():
+    seq = torch.nn.Sequential()
+    seq.add_module("up", torch.nn.Linear(64, 256))
+    seq.add_module("odd", torch.nn.Linear(64, 40))
+    seq.add_module("router", torch.nn.Linear(256, 8))
+    seq.add_module("tail", torch.nn.Linear(40, 16))
+    r = lnn.quantize_model(seq, "nvfp4")
+    assert [n for n, _ in r.replaced] == ["up"]
+    why = dict(r.skipped)
+    assert "N % 128" in why["odd"] and why["router"].startswith("excluded") and "block 16" in why["tail"]
+    seq2 = torch.nn.Sequential(torch.nn.Linear(64, 40), torch.nn.Linear(40, 8))
+    r2 = lnn.quantize_model(seq2, "nvfp4", cuda_shapes=False, include=[r"^0$"])
+    assert [n for n, _ in r2.replaced] == ["0"] and dict(r2.skipped) == {"1": "not matched by include"}
+    with pytest.raises(ValueError, match="format"):
+        lnn.quantize_model(seq2, "int4")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_load_quantized_cli_checkpoint(tmp_path, fmt):
+    """A checkpoint quantized by the command line loads into a fresh model and gives the logits
+    of quantize_model on the original (same recipe: identical codes)."""
+    from lowbit.cli import main
+    model, cfg = _tiny_llama(seed=2)
+    src_dir, out_dir = tmp_path / "src", tmp_path / "q"
+    model.save_pretrained(src_dir, safe_serialization=True)
+    out_dir.mkdir()
+    rc = main(["quantize", str(src_dir / "model.safetensors"), str(out_dir / "model.safetensors"), "--format", fmt,
+               "--exclude", "embed", "--exclude", "lm_head"])
+    assert rc == 0
+    fresh, _ = _tiny_llama(seed=3)
+    state = lnn.load_quantized(str(out_dir), fresh)
+    assert "model.layers.0.self_attn.q_proj.qweight" in state
+    assert "model.layers.0.self_attn.q_proj.weight" not in state
+    assert isinstance(fresh.model.layers[0].mlp.down_proj, CLASSES[fmt])
+    lnn.quantize_model(model, fmt)
+    ids = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, model(ids).logits)
+    flat = lnn.load_quantized(str(out_dir / "model.safetensors"))
+    assert set(flat) == set(state)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA (skipped without a GPU)
+
+def _cuda_case(fmt, act="bf16"):
+    lin = _linear(256, 256, True, seed=21).cuda()
+    m = lnn.MXFP4Linear.from_linear(lin, act=act) if fmt == "mxfp4" else lnn.NVFP4Linear.from_linear(lin)
+    return m
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,act", [("nvfp4", "bf16"), ("mxfp4", "bf16"), ("mxfp4", "mxfp8")])
+@pytest.mark.parametrize("M", [1, 7, 200])
+def test_gpu_forward_matches_cpu(fmt, act, M):
+    m = _cuda_case(fmt, act)
+    x = torch.randn(M, 256, device="cuda", dtype=torch.bfloat16)
+    y = m(x)
+    assert y.is_cuda
+    assert_gemm_rule(y.cpu(), _reference(copy.deepcopy(m).cpu(), x.cpu()), torch.bfloat16, f"cuda {fmt}/{act}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_cuda_graph_and_compile(fmt):
+    m = _cuda_case(fmt)
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    m(x)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = m(x)
+    x.copy_(torch.randn(16, 256, device="cuda", dtype=torch.bfloat16))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, m(x))
+    cm = torch.compile(m, fullgraph=True)
+    assert torch.equal(cm(x), m(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# gpt-oss experts
+
+def _hf_experts(E=4, H=64, I=32, seed=0):
+    mod = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    cfg = pytest.importorskip("transformers").GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E,
+                                                           num_experts_per_tok=2)
+    ex = mod.GptOssExperts(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ex.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return ex
+
+
+def _experts_reference(m, x, ids, wts):
+    """float64 evaluation of the formula on the dequantized weights, the activations of both
+    GEMMs rounded to bfloat16 as the W4A16 op rounds them."""
+    def deq(w, s):
+        return torch.ops.lowbit.dequantize(w, s, None, None, "mxfp4").double()
+    w1, w2 = deq(m.w1, m.w1_scale), deq(m.w2, m.w2_scale)
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = w1[e] @ x[t].to(torch.bfloat16).double() + m.b1[e].double()
+            gate, up = h[0::2].clamp(max=m.limit), h[1::2].clamp(-m.limit, m.limit)
+            y = (gate * torch.sigmoid(m.alpha * gate) * (up + 1)).float().to(torch.bfloat16).double()
+            out[t] += float(wts[t, j]) * (w2[e] @ y + m.b2[e].double())
+    return out
+
+
+def test_gpt_oss_experts_against_reference_and_transformers():
+    ex = _hf_experts()
+    m = lnn.GptOssExperts.from_experts(ex)
+    T = 6
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(T, 64, generator=g)
+    ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(T)])
+    wts = torch.softmax(torch.randn(T, 2, generator=g), -1)
+    y = m(x, ids, wts)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    ref = _experts_reference(m, x, ids, wts)
+    scale = ref.abs().max().item()
+    assert (y.double() - ref).abs().max().item() <= 1e-4 * scale
+    # the same layer in transformers with the dequantized weights: same gate / up interleaving
+    with torch.no_grad():
+        ex.gate_up_proj.copy_(torch.ops.lowbit.dequantize(m.w1, m.w1_scale, None, None, "mxfp4").transpose(1, 2))
+        ex.down_proj.copy_(torch.ops.lowbit.dequantize(m.w2, m.w2_scale, None, None, "mxfp4").transpose(1, 2))
+        hf = ex(x, ids, wts)
+    assert (y - hf).abs().max().item() <= 2e-2 * scale
+    assert "num_experts=4" in repr(m)
+    m2 = lnn.GptOssExperts(4, 64, 32)
+    m2.load_state_dict(m.state_dict())
+    assert torch.equal(m2(x, ids, wts), y)
+    cm = torch.compile(m, fullgraph=True, backend="aot_eager")
+    torch._dynamo.reset()
+    assert torch.equal(cm(x, ids, wts), y)
+
+
+def test_quantize_model_replaces_gpt_oss_experts():
+    ex = _hf_experts(seed=1)
+    holder = torch.nn.Module()
+    holder.add_module("experts", ex)
+    r = lnn.quantize_model(holder, "nvfp4")
+    assert "MXFP4 only" in dict(r.skipped)["experts"]
+    r = lnn.quantize_model(holder, "mxfp4")
+    assert [n for n, _ in r.replaced] == ["experts"] and isinstance(holder.experts, lnn.GptOssExperts)
+
+
+def test_load_quantized_decodes_other_modules(tmp_path):
+    """A checkpoint quantized without excludes: the embedding's quantized weight is loaded decoded."""
+    from lowbit.cli import main
+    model, _ = _tiny_llama(seed=4)
+    model.save_pretrained(tmp_path / "src", safe_serialization=True)
+    out = tmp_path / "q.safetensors"
+    assert main(["quantize", str(tmp_path / "src" / "model.safetensors"), str(out), "--format", "mxfp4"]) == 0
+    fresh, _ = _tiny_llama(seed=5)
+    lnn.load_quantized(str(out), fresh)
+    assert isinstance(fresh.lm_head, lnn.MXFP4Linear)
+    w = model.model.embed_tokens.weight.detach()
+    assert torch.equal(fresh.model.embed_tokens.weight.detach(), lowbit.dequantize(lowbit.quantize(w, "mxfp4")))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_load_quantized_compressed_tensors(tmp_path, fmt):
+    """A compressed-tensors directory (X.weight_packed / X.weight_scale / X.weight_global_scale)
+    with lowbit's codes: the loaded model equals quantize_model's, and (with the compressed-tensors
+    package) its weights decode as compressed-tensors decodes them."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    model, cfg = _tiny_llama(seed=6)
+    tensors = {}
+    for name, t in model.state_dict().items():
+        mod = name[: -len(".weight")]
+        if not name.endswith(".weight") or "layers" not in name or "norm" in name:
+            tensors[name] = t.contiguous()
+            continue
+        qt = lowbit.quantize(t, fmt)
+        tensors[f"{mod}.weight_packed"] = qt.data
+        tensors[f"{mod}.weight_scale"] = qt.scales.view(torch.uint8) if fmt == "mxfp4" else qt.scales
+        if fmt == "nvfp4":
+            tensors[f"{mod}.weight_global_scale"] = torch.tensor([2688.0]) / qt.global_amax.reshape(1)
+            tensors[f"{mod}.input_global_scale"] = torch.ones(1)
+    (tmp_path / "ct").mkdir()
+    safetensors_torch.save_file(tensors, str(tmp_path / "ct" / "model.safetensors"))
+    fresh, _ = _tiny_llama(seed=7)
+    lnn.load_quantized(str(tmp_path / "ct"), fresh)
+    lnn.quantize_model(model, fmt)
+    ids = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, model(ids).logits)
+    helpers = pytest.importorskip("compressed_tensors.compressors.nvfp4.helpers")
+    m = fresh.model.layers[0].mlp.up_proj
+    codes = helpers.unpack_fp4_from_uint8(m.qweight, m.out_features, m.in_features, torch.float32)
+    mod = "model.layers.0.mlp.up_proj"
+    if fmt == "nvfp4":
+        sc = m.weight_scale.float().repeat_interleave(16, 1)
+        ct = codes * sc / tensors[f"{mod}.weight_global_scale"]
+    else:
+        ct = codes * torch.exp2(m.weight_scale.view(torch.uint8).float() - 127).repeat_interleave(32, 1)
+    torch.testing.assert_close(m.dequantized_weight(), ct, rtol=2e-7, atol=0)
