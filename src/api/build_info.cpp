@@ -8,7 +8,7 @@ BuildInfo build_info() {
   BuildInfo b;
   b.version = LOWBIT_VERSION_STRING;
   // NF4 K-cache decode ops (lowbit/decode_attention.hpp): CPU reference only, no kernel yet
-  b.cpu_only_ops = {"attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append"};
+  b.cpu_only_ops = {"kproj_rope_nf4_encode", "nf4_kcache_append"};
 #if LOWBIT_WITH_CUDA
   b.cuda_built = true;
   b.cuda_runtime_version = cuda::runtime_version();
