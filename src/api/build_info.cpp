@@ -7,9 +7,8 @@ namespace lowbit {
 BuildInfo build_info() {
   BuildInfo b;
   b.version = LOWBIT_VERSION_STRING;
-  // NF4 K-cache decode ops (lowbit/decode_attention.hpp): CPU reference only, no kernel yet
-  b.cpu_only_ops = {"attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append"};
-  // the dense NVFP4 linear (lowbit/linear.hpp): CPU reference only, no kernel yet
+  // the NF4 K-cache encode / append ops (lowbit/decode_attention.hpp): CPU reference only, no kernel yet
+  b.cpu_only_ops = {"kproj_rope_nf4_encode", "nf4_kcache_append"};
 #if LOWBIT_WITH_CUDA
   b.cuda_built = true;
   b.cuda_runtime_version = cuda::runtime_version();
@@ -24,7 +23,7 @@ BuildInfo build_info() {
     if (b.sm >= 90)
       for (const char* op : {"nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "group_gemm_mxfp4_nt_groupwise",
                              "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp", "flash_attn_mxfp8",
-                             "flash_attn_mxfp8_varlen", "mxfp4_gemm", "nvfp4_gemm"})
+                             "flash_attn_mxfp8_varlen", "mxfp4_gemm", "nvfp4_gemm", "attn_forward_decode_nf4"})
         b.cuda_ops.emplace_back(op);
 #endif
   }

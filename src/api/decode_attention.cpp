@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "api/check.hpp"
+#include "api/device.hpp"
+#include "cuda/attention/launch_decode.hpp"
 #include "core/plan_decode.hpp"
 #include "lowbit/decode_attention.hpp"
 #include "ref/ref_decode_attention.hpp"
@@ -55,7 +57,6 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
                              const TensorView& k_residual, const TensorView& v, const TensorView& seq_lens,
                              const TensorView& precomputed_threshold, const TensorView& out,
                              const TensorView& skip_ratio, const DecodeNf4Args& args, Stream stream) {
-  (void)stream;
   Checker c{"attn_forward_decode_nf4"};
   c.require(q, Req("q").dtypes({DType::kBFloat16}).rank(4, "[B, 1, H_q, D]").last_contiguous());
   const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3];
@@ -139,7 +140,12 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
   x.threshold = precomputed_threshold.present() ? precomputed_threshold.ptr<const float>() : nullptr;
   x.out = out.ptr<uint16_t>();
   x.skip_ratio = skip_ratio.present() ? skip_ratio.ptr<float>() : nullptr;
-  if (c.dev != Device::kCPU) no_cuda_kernel(c);
+  if (c.dev != Device::kCPU) {
+    // seq_lens stays on the device (the kernels clamp each length to [0, T]; no host sync)
+    x.seq_lens = seq_lens.present() ? seq_lens.ptr<const int32_t>() : nullptr;
+    run_on_device<Kernels::kSm90Gemm>(c, [&] { return B == 0 ? 0 : cuda::attn_decode_nf4(p, x, nullptr, 0, stream.handle); });
+    return;
+  }
   std::vector<int32_t> lens;
   if (seq_lens.present()) {
     lens = host_lengths(c, seq_lens, "seq_lens", B, 1, T);

@@ -154,14 +154,17 @@ TEST(DecodeAttentionApi, CudaTensorsAreRefusedByName) {
     t.device = Device::kCUDA;
     return t;
   };
+#if !(LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS)  // (a CUDA build runs the decode kernel)
   try {
     attn_forward_decode_nf4(cuda(b.qv()), cuda(b.cv()), cuda(b.sv()), cuda(b.rv()), cuda(b.vv()), TV(), TV(),
                             cuda(b.ov()), TV());
     ADD_FAILURE() << "no error";
   } catch (const NotSupportedError& e) {
-    EXPECT_NE(std::string(e.what()).find("attn_forward_decode_nf4: no CUDA kernel yet"), std::string::npos) << e.what();
+    // a CPU-only build refuses the CUDA path of the decode attention by its kernel family
+    EXPECT_NE(std::string(e.what()).find("attn_forward_decode_nf4: "), std::string::npos) << e.what();
   }
   EXPECT_TRUE(b.untouched());
+#endif
   std::vector<float> kn(size_t(2 * 1 * 2 * 64));
   try {
     nf4_kcache_append(cuda(TV(kn.data(), DType::kFloat32, {2, 1, 2, 64})), cuda(b.cv()), cuda(b.sv()), cuda(b.rv()),
