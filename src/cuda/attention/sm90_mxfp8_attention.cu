@@ -36,8 +36,10 @@ __global__ void __launch_bounds__(384, 1) attn_mxfp8_fwd_kernel(const __grid_con
   if (threadIdx.x == 0) {
     for (int st = 0; st < T::kStages; ++st) {
       cutlass::arch::ClusterTransactionBarrier::init(sm.raw_full(st), 1);
-      cutlass::arch::ClusterBarrier::init(sm.conv_full(st), 128);
-      cutlass::arch::ClusterBarrier::init(sm.conv_empty(st), 8);
+      cutlass::arch::ClusterBarrier::init(sm.k_full(st), 128);
+      cutlass::arch::ClusterBarrier::init(sm.k_empty(st), 8);
+      cutlass::arch::ClusterBarrier::init(sm.v_full(st), 128);
+      cutlass::arch::ClusterBarrier::init(sm.v_empty(st), 8);
     }
     cutlass::arch::fence_barrier_init();
   }
