@@ -162,9 +162,9 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     }
     cute::warpgroup_commit_batch();
   };
-  auto release = [&](int st) {
+  auto release = [&](uint64_t* empty) {
     __syncwarp();
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(sm.conv_empty(st));
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(empty);
   };
   // The online softmax of tile t: sacc becomes P (fp32), returns the rescale factors of O.
   auto softmax = [&](float (&sacc)[kS], int t, float& alpha0, float& alpha1) {
@@ -242,26 +242,52 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     }
   };
 
-  // Per tile: S = Q' K'^T, the softmax, O += P V', then the stage goes back to the producer. (An
-  // order that overlaps the softmax of tile t with the PV product of tile t-1 measured slower:
-  // the stage is then released half a tile later and the producer, which converts K and V, falls
-  // behind.)
-  for (int t = 0; t < n_tiles; ++t) {
-    const uint32_t gt = g + t;
-    const int st = gt % T::kStages;
-    cutlass::arch::ClusterBarrier::wait(sm.conv_full(st), (gt / T::kStages) & 1);
+  // Tile 0 alone; then per tile t, S(t) = Q' K'(t)^T and O += P(t-1) V'(t-1) are issued together
+  // and the softmax of S(t) runs while the tensor cores do the PV product. K'(t) goes back to the
+  // producer as soon as S(t) is ready, V'(t-1) after its product. (No conditional wgmma inside the
+  // loop: ptxas serializes wgmma groups it cannot match to their waits.)
+  auto phase = [&](uint32_t gt) { return (gt / T::kStages) & 1; };
+  int prev_st = 0;
+  uint32_t prev_gt = g;
+  if (n_tiles > 0) {
+    prev_st = g % T::kStages;
+    cutlass::arch::ClusterBarrier::wait(sm.k_full(prev_st), phase(g));
     float sacc[kS];
-    issue_qk(sacc, st);
+    issue_qk(sacc, prev_st);
     cute::warpgroup_wait<0>();
     fence_acc(sacc);
+    release(sm.k_empty(prev_st));
+    float alpha0, alpha1;
+    softmax(sacc, 0, alpha0, alpha1);
+    pack_p(sacc);
+  }
+  for (int t = 1; t < n_tiles; ++t) {
+    const uint32_t gt = g + t;
+    const int st = gt % T::kStages;
+    cutlass::arch::ClusterBarrier::wait(sm.k_full(st), phase(gt));
+    float sacc[kS];
+    issue_qk(sacc, st);
+    cutlass::arch::ClusterBarrier::wait(sm.v_full(prev_st), phase(prev_gt));
+    issue_pv(prev_st);
+    cute::warpgroup_wait<1>();  // S(t) is ready; PV(t-1) may still run
+    fence_acc(sacc);
+    release(sm.k_empty(st));
     float alpha0, alpha1;
     softmax(sacc, t, alpha0, alpha1);
-    rescale_o(alpha0, alpha1);
-    pack_p(sacc);
-    issue_pv(st);
     cute::warpgroup_wait<0>();
     fence_acc(o);
-    release(st);
+    release(sm.v_empty(prev_st));
+    rescale_o(alpha0, alpha1);
+    pack_p(sacc);
+    prev_st = st;
+    prev_gt = gt;
+  }
+  if (n_tiles > 0) {
+    cutlass::arch::ClusterBarrier::wait(sm.v_full(prev_st), phase(prev_gt));
+    issue_pv(prev_st);
+    cute::warpgroup_wait<0>();
+    fence_acc(o);
+    release(sm.v_empty(prev_st));
   }
 
   // Epilogue.

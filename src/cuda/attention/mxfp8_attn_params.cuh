@@ -64,7 +64,7 @@ struct AttnTraits {
   static constexpr int kOffMisc = kOffRf + kBlockM * 4;              ///< ok, ov[kBlocks], scan scratch
   static constexpr int kMiscBytes = 4 * (16 + 4 * 2);  ///< ok, ov, scan scratch
   static constexpr int kOffBar = (kOffMisc + kMiscBytes + 7) / 8 * 8;
-  static constexpr int kBarBytes = 8 * 3 * kStages;
+  static constexpr int kBarBytes = 8 * 5 * kStages;  ///< raw_full, k_full, k_empty, v_full, v_empty
   static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;  ///< + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };

@@ -29,8 +29,12 @@ struct AttnSmem {
   /// misc[0] = ok, misc[1] = ov, misc[16 ...] = scan scratch
   __device__ int* misc() const { return reinterpret_cast<int*>(base + T::kOffMisc); }
   __device__ uint64_t* raw_full(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + st; }
-  __device__ uint64_t* conv_full(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 2 + st; }
-  __device__ uint64_t* conv_empty(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 4 + st; }
+  // K' and V' have their own rings: K'(t) returns to the producer as soon as S(t) is computed,
+  // V'(t) after the PV product of tile t.
+  __device__ uint64_t* k_full(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 2 + st; }
+  __device__ uint64_t* k_empty(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 4 + st; }
+  __device__ uint64_t* v_full(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 6 + st; }
+  __device__ uint64_t* v_empty(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 8 + st; }
 };
 
 constexpr int kProducerBarrier = 1;  ///< named barrier of the producer warpgroup
@@ -157,16 +161,23 @@ __device__ void produce_row_block(const AttnParams& p, const SeqBounds& s, int b
     const int st = gt % T::kStages;
     const uint32_t ph = (gt / T::kStages) & 1;
     cutlass::arch::ClusterTransactionBarrier::wait(sm.raw_full(st), ph);
-    cutlass::arch::ClusterBarrier::wait(sm.conv_empty(st), ph ^ 1);
+    cutlass::arch::ClusterBarrier::wait(sm.k_empty(st), ph ^ 1);
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int c = tid + 128 * i, tok = c / kChunksPerRow, c16 = c % kChunksPerRow;
       convert_chunk<T>(sm.raw_k(st), sm.k(st), tok, c16, unpack(kpk, i), ok);
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::ClusterBarrier::arrive(sm.k_full(st));
+    cutlass::arch::ClusterBarrier::wait(sm.v_empty(st), ph ^ 1);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = tid + 128 * i, tok = c / kChunksPerRow, c16 = c % kChunksPerRow;
       convert_chunk<T>(sm.raw_v(st), sm.v(st), tok, c16, unpack(vpk, i), ov);
     }
     load_scales(t + 1, kpk, vpk);
     cutlass::arch::fence_view_async_shared();
-    cutlass::arch::ClusterBarrier::arrive(sm.conv_full(st));
+    cutlass::arch::ClusterBarrier::arrive(sm.v_full(st));
     cutlass::arch::NamedBarrier::sync(128, kProducerBarrier);  // raw stage st is free
     if (tid == 0 && t + T::kStages < n_tiles) issue_kv_tile<T>(p, s, b, hk, t + T::kStages, st, sm);
   }

@@ -23,7 +23,10 @@ template <int kD>
 __global__ void __launch_bounds__(384, 1) attn_mxfp8_fwd_kernel(const __grid_constant__ AttnParams p) {
   using T = AttnTraits<kD>;
   extern __shared__ uint8_t smem_dyn[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_dyn) + 1023) & ~uintptr_t(1023));
+  // Aligned to 1024 bytes (128B-swizzle atoms) by an offset from smem_dyn, so that the compiler
+  // still knows every derived pointer is shared memory (LDS / STS rather than generic LD / ST).
+  const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) & 1023u;
+  uint8_t* base = smem_dyn + ((1024u - misalign) & 1023u);
   const AttnSmem<T> sm(base);
   const int b = blockIdx.z, h = blockIdx.y, hk = h / p.heads_per_kv;
   const SeqBounds s = seq_bounds(p, b);
@@ -33,8 +36,10 @@ __global__ void __launch_bounds__(384, 1) attn_mxfp8_fwd_kernel(const __grid_con
   if (threadIdx.x == 0) {
     for (int st = 0; st < T::kStages; ++st) {
       cutlass::arch::ClusterTransactionBarrier::init(sm.raw_full(st), 1);
-      cutlass::arch::ClusterBarrier::init(sm.conv_full(st), 128);
-      cutlass::arch::ClusterBarrier::init(sm.conv_empty(st), 8);
+      cutlass::arch::ClusterBarrier::init(sm.k_full(st), 128);
+      cutlass::arch::ClusterBarrier::init(sm.k_empty(st), 8);
+      cutlass::arch::ClusterBarrier::init(sm.v_full(st), 128);
+      cutlass::arch::ClusterBarrier::init(sm.v_empty(st), 8);
     }
     cutlass::arch::fence_barrier_init();
   }
