@@ -147,3 +147,70 @@ def test_gpu_torch_ops():
     q, c, s, r, v = t_cache(2, 100, 8, 2, 64, 64, seed=1)
     out, ratio = call_or_xfail(torch.ops.lowbit.attn_forward_decode_nf4, q, c, s, r, v, None, None, 16, 16, math.inf)
     assert out.shape == (2, 8, 64) and ratio.shape == (2, 2)
+
+
+def t_cache_variant(B, T, H, HK, D, seed, residual_dtype, nibble_order):
+    """Like t_cache, with the residual dtype and nibble order of the cache chosen (sinks on)."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn((B, T, HK, D), generator=g)
+    k[:, 8:T - 8] *= 0.1
+    c, s, r = lowbit.nf4_kcache_quantize(k, residual_dtype=residual_dtype, nibble_order=nibble_order)
+    q = torch.randn((B, 1, H, D), generator=g).to(torch.bfloat16)
+    v = torch.randn((B, T, HK, D), generator=g).to(torch.bfloat16)
+    return q, c, s, r, v
+
+
+# (B, T, H_q, H_kv, D, block_size, residual dtype, nibble order, residual used): the fused kernel's
+# block sizes (divisors of its 128-token tile), the generic kernels' (256, 100), MQA with 16 query
+# heads per KV head (two head chunks scoring all heads), both residual dtypes, both nibble orders
+PRUNED = [(2, 1000, 32, 8, 128, 16, "float8_e5m2", "low", True), (2, 1000, 32, 8, 128, 32, "float8_e4m3fn", "high", True),
+          (3, 777, 64, 8, 64, 128, "float8_e5m2", "low", True), (1, 700, 16, 1, 128, 64, "float8_e4m3fn", "low", True),
+          (2, 1500, 32, 8, 256, 64, "float8_e5m2", "high", False), (2, 1000, 32, 8, 128, 256, "float8_e5m2", "low", True),
+          (2, 1000, 8, 8, 128, 100, "float8_e5m2", "low", True), (4, 130, 4, 4, 64, 1, "float8_e5m2", "low", True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PRUNED, ids=lambda c: "b%d_t%d_h%d-%d_d%d_bs%d_%s_%s_res%d" % c)
+def test_gpu_pruned_paths_match_cpu_reference(case):
+    """Every pruning path (fused and generic kernels) against the CPU reference: skip ratio within
+    a few blocks (block maxima near the threshold round either way in fp32), output within 2^-6."""
+    torch = _torch()
+    B, T, H, HK, D, bs, rdt, nib, use_res = case
+    q, c, s, r, v = t_cache_variant(B, T, H, HK, D, seed=T + bs, residual_dtype=rdt, nibble_order=nib)
+    lens = torch.tensor([T - (91 * b) % (T // 2) for b in range(B)], dtype=torch.int32)
+    delta = 0.0 if H // HK > 8 else 1.0  # a block is skipped only when all H / H_kv heads are below
+    kw = dict(block_size=bs, sub_block_size=1, delta=delta, return_skip_ratio=True, use_fp8_residual=use_res)
+    r_arg = r if use_res else None
+    ref, ref_ratio = lowbit.attn_forward_decode_nf4(q, c, s, r_arg, v, seq_lens=lens, **kw)
+    out = torch.full((B, H, D), math.nan, dtype=torch.bfloat16, device="cuda")
+    got, ratio = call_or_xfail(lowbit.attn_forward_decode_nf4, q.cuda(), c.cuda(), s.cuda(),
+                               r_arg.cuda() if use_res else None, v.cuda(), seq_lens=lens.cuda(), out=out, **kw)
+    torch.cuda.synchronize()
+    n_blocks = (lens.max().item() + bs - 1) // bs
+    assert ref_ratio.max().item() > 0.05  # the sinks make middle blocks prunable
+    assert (ratio.cpu() - ref_ratio).abs().max().item() <= max(2, n_blocks // 50) / n_blocks
+    assert torch.isfinite(out).all()
+    assert (out.cpu().double() - ref.double()).abs().max().item() <= 2 ** -6
+
+
+@pytest.mark.gpu
+def test_gpu_precomputed_threshold_and_unaligned_rows():
+    """A given threshold (no threshold kernel) and rows that do not start 16-byte aligned (codes
+    viewed out of a wider buffer: the generic kernels) match the CPU reference."""
+    torch = _torch()
+    B, T, H, HK, D = 2, 600, 32, 8, 128
+    q, c, s, r, v = t_cache_variant(B, T, H, HK, D, seed=5, residual_dtype="float8_e5m2", nibble_order="low")
+    thr = torch.full((B, H), -0.5, dtype=torch.float32)
+    kw = dict(precomputed_threshold=thr, return_skip_ratio=True)
+    ref, ref_ratio = lowbit.attn_forward_decode_nf4(q, c, s, r, v, **kw)
+    got, ratio = call_or_xfail(lowbit.attn_forward_decode_nf4, q.cuda(), c.cuda(), s.cuda(), r.cuda(), v.cuda(),
+                               precomputed_threshold=thr.cuda(), return_skip_ratio=True)
+    assert (ratio.cpu() - ref_ratio).abs().max().item() <= 2 / 10
+    assert (got.cpu().double() - ref.double()).abs().max().item() <= 2 ** -6
+    wide = torch.zeros((B, T, HK, D // 2 + 1), dtype=torch.uint8)
+    wide[..., 1:] = c
+    cu = wide.cuda()[..., 1:]  # last dim contiguous, rows 65 bytes apart
+    got2 = lowbit.attn_forward_decode_nf4(q.cuda(), cu, s.cuda(), r.cuda(), v.cuda(), delta=math.inf)
+    ref2 = lowbit.attn_forward_decode_nf4(q, c, s, r, v, delta=math.inf)
+    assert (got2.cpu().double() - ref2.double()).abs().max().item() <= 2 ** -6

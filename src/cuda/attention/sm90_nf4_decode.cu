@@ -1,5 +1,7 @@
-// src/cuda/attention/sm90_nf4_decode.cu: decode attention over an NF4 + FP8-residual K cache with
-// block pruning (lowbit/decode_attention.hpp), the CPU reference's two stages in three kernels:
+// src/cuda/attention/sm90_nf4_decode.cu: the generic kernels of the decode attention over an NF4 +
+// FP8-residual K cache with block pruning (lowbit/decode_attention.hpp), for the calls the fused
+// path (sm90_nf4_decode_fused.cu) does not take (nf4_decode_generic.hpp lists them); the CPU
+// reference's two stages in three kernels:
 //   1. scores: s[b, h, t] = softmax_scale * q[b, h] . k[b, t, g]  (k decoded as nf4 * scale +
 //      residual, the kcache.hpp rule), written to scratch; one warp per token, each lane 1..2
 //      groups of 4 channels, one KV head's G query heads served by one read of K.
@@ -18,7 +20,7 @@
 #include <cstdint>
 
 #include "core/plan_decode.hpp"
-#include "cuda/attention/launch_decode.hpp"
+#include "cuda/attention/nf4_decode_generic.hpp"
 #include "cuda/common/workspace.cuh"
 #include "lowbit/kcache.hpp"
 
@@ -275,8 +277,8 @@ cudaError_t launch_dv(const Params& P, cudaStream_t st) {
 
 }  // namespace decode
 
-int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Ptrs& ptrs, void* workspace,
-                    int64_t workspace_bytes, void* stream) {
+int attn_decode_nf4_generic(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Ptrs& ptrs, void* workspace,
+                            int64_t workspace_bytes, void* stream) {
   using namespace decode;
   if (plan.batch == 0 || plan.heads == 0) return cudaSuccess;
   if (plan.batch > 65535 || plan.heads > 65535 || plan.seqlen > (int64_t(1) << 36)) return cudaErrorInvalidConfiguration;

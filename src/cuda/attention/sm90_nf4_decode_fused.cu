@@ -1,0 +1,663 @@
+// src/cuda/attention/sm90_nf4_decode_fused.cu: the fast path of the decode attention over an NF4 +
+// FP8-residual K cache (lowbit/decode_attention.hpp): one kernel reads each byte of the cache
+// once, a second merges the splits.
+//   threshold (pruning on, no given threshold): a CTA per (KV head, sequence) scores the first and
+//     the last pruning blocks; thr[b, h] = max(their maxima) - delta. Lets the main grid start at
+//     once (programmatic dependent launch): the main kernel waits for it only at its first keep
+//     decision.
+//   split: a CTA per (split of the sequence, KV head, chunk of <= 8 query heads of its group, batch)
+//     walks its tiles of 128 tokens: cp.async of the K codes and residuals of tile i + 2 while tile
+//     i is scored (two CUDA-core lanes per token, the key decoded by the kcache.hpp rule, one read
+//     of K serving every query head of the group), the block maxima and keep decisions of the
+//     tile, then cp.async of V for the kept blocks only, online softmax (warp per head) and P @ V
+//     (warp per 16 tokens, lane per Dv / 32 channels). Writes (m, l, o) of its heads and its
+//     skipped-block count.
+//   merge: a CTA per (query head, sequence): log-sum-exp merge of the splits, out in bf16, the skip
+//     ratio.
+// Taken when D == Dv, every row of codes, residuals and V starts 16-byte aligned, and (pruning on)
+// block_size divides the 128-token tile; the other calls run the generic kernels of
+// sm90_nf4_decode.cu (docs/decode_attention.md).
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "core/plan_decode.hpp"
+#include "cuda/attention/launch_decode.hpp"
+#include "cuda/attention/nf4_decode_generic.hpp"
+#include "cuda/common/device_info.cuh"
+#include "cuda/common/launch_utils.cuh"
+#include "cuda/common/workspace.cuh"
+#include "lowbit/kcache.hpp"
+
+namespace lowbit::cuda {
+namespace decode_fused {
+
+using detail::DecodeNf4Plan;
+using detail::DecodeNf4Ptrs;
+
+constexpr int kTile = 128;    ///< tokens per tile
+constexpr int kThreads = 256; ///< 8 warps: 2 lanes per token when scoring, 16 tokens per warp in P @ V
+constexpr int kMaxHeads = 8;  ///< query heads per CTA in P @ V (o in registers)
+constexpr int kMaxSmem = 227 * 1024;  ///< sm_90 opt-in shared memory per block
+
+struct Params {
+  DecodeNf4Plan p;
+  DecodeNf4Ptrs x;
+  const float* thr;    ///< [B, H_q] given thresholds (x.threshold), or null
+  float* bmax;         ///< [2, B, H_q] first / last block maxima (threshold kernel), when thr is null
+  float* part;         ///< [B, H_q, n_splits, 2 + Dv]: m, l, o
+  int* skipped;        ///< [B, H_kv, n_splits]
+  int n_splits;        ///< splits of the longest sequence
+  int split_tiles;     ///< tiles per split
+  int head_chunks;     ///< ceil(G / kHG)
+  int qk_heads;        ///< query heads scored per CTA: G when pruning across several head chunks, else kHG
+  bool prune;
+};
+
+__device__ __forceinline__ int64_t seq_len(const DecodeNf4Plan& p, const DecodeNf4Ptrs& x, int64_t b) {
+  if (!p.has_seq_lens) return p.seqlen;
+  const int64_t L = x.seq_lens[b];
+  return L < 0 ? 0 : (L > p.seqlen ? p.seqlen : L);
+}
+__device__ __forceinline__ float nan_max(float a, float b) {
+  return (a != a || b != b) ? __int_as_float(0x7FC00000) : fmaxf(a, b);
+}
+/// The reference's non-finite rule: a score that is not finite makes the head's output NaN.
+__device__ __forceinline__ float finite_or_nan(float s) { return isfinite(s) ? s : __int_as_float(0x7FC00000); }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/// Two FP8 residuals (low byte first) as floats.
+__device__ __forceinline__ float2 fp8x2_to_float2(uint32_t pair, bool e4m3) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair & 0xFFFFu), e4m3 ? __NV_E4M3 : __NV_E5M2);
+  return __half22float2(__half2(h));
+}
+
+/// Shared-memory pitches (bytes) of one token's codes and residuals: conflict-free 64-bit code and
+/// 128-bit residual reads by the two lanes of 8 (4) consecutive tokens.
+template <int kD> constexpr int code_pitch() { return kD / 2 + 16; }
+template <int kD> constexpr int res_pitch() { return kD + 32; }
+
+template <int kD, bool kRes>
+struct Smem {
+  static constexpr int kCodes = kTile * code_pitch<kD>();          // one K buffer of codes
+  static constexpr int kResid = kRes ? kTile * res_pitch<kD>() : 0;
+  static constexpr int kV = kTile * kD * 2;                          // Dv == D, bf16
+  // layout: codes[2] | resid[2] | v | q[qk_heads][D] | scale[D] | S[qk_heads][kTile] | P[kTile][8] | small
+  static constexpr int kFixed = 2 * kCodes + 2 * kResid + kV;
+  static size_t bytes(int qk_heads) {
+    return size_t(kFixed) + size_t(qk_heads) * kD * 4 + kD * 4 + size_t(qk_heads) * kTile * 4 + kTile * kMaxHeads * 4 +
+           (16 + 3 * kMaxHeads + 64 + 2 * kTile + 8) * 4;
+  }
+};
+
+/// Scores of the tile's tokens for query heads [h_first, h_first + n) of the CTA's list (q_s rows),
+/// into S[h][t] (softmax-scaled, non-finite -> NaN, tokens at or past t_valid -> -inf).
+template <int kD, int kHG, bool kRes>
+__device__ __forceinline__ void score_tile(const Params& P, const uint8_t* codes, const uint8_t* resid, const float* q_s,
+                                           const float* scale_s, const float* lut, float* S, int h_first, int n,
+                                           int t_valid) {
+  const int t = threadIdx.x / 2, j = threadIdx.x % 2;
+  const bool e4m3 = P.p.residual_dtype == DType::kE4M3;
+  const int nib_xor = P.p.nibbles == NibbleOrder::kLowFirst ? 0 : 4;
+  float acc[kHG];
+#pragma unroll
+  for (int h = 0; h < kHG; ++h) acc[h] = 0.f;
+  const uint8_t* crow = codes + t * code_pitch<kD>();
+  const uint8_t* rrow = resid + t * res_pitch<kD>();
+#pragma unroll 1
+  for (int i = 0; i < kD / 32; ++i) {
+    const int k = 2 * i + j;  // 16-channel chunk of this lane
+    const uint2 cw = *reinterpret_cast<const uint2*>(crow + 8 * k);
+    float kv[16];
+    const float4* sc4 = reinterpret_cast<const float4*>(scale_s + 16 * k);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float4 sc = sc4[u];
+      const float scv[4] = {sc.x, sc.y, sc.z, sc.w};
+#pragma unroll
+      for (int e4 = 0; e4 < 4; ++e4) {
+        const int e = 4 * u + e4;
+        const uint32_t w = e < 8 ? cw.x : cw.y;
+        const uint32_t code = (w >> ((4 * (e % 8)) ^ nib_xor)) & 15u;
+        kv[e] = __fmul_rn(lut[code], scv[e4]);
+      }
+    }
+    if constexpr (kRes) {
+      const uint4 rw = *reinterpret_cast<const uint4*>(rrow + 16 * k);
+      const uint32_t r4[4] = {rw.x, rw.y, rw.z, rw.w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float2 lo = fp8x2_to_float2(r4[u], e4m3), hi = fp8x2_to_float2(r4[u] >> 16, e4m3);
+        kv[4 * u + 0] = __fadd_rn(kv[4 * u + 0], lo.x);
+        kv[4 * u + 1] = __fadd_rn(kv[4 * u + 1], lo.y);
+        kv[4 * u + 2] = __fadd_rn(kv[4 * u + 2], hi.x);
+        kv[4 * u + 3] = __fadd_rn(kv[4 * u + 3], hi.y);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kHG; ++h) {
+      const float4* qh = reinterpret_cast<const float4*>(q_s + (h_first + h) * kD + 16 * k);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float4 qq = qh[u];
+        acc[h] = fmaf(qq.x, kv[4 * u + 0], acc[h]);
+        acc[h] = fmaf(qq.y, kv[4 * u + 1], acc[h]);
+        acc[h] = fmaf(qq.z, kv[4 * u + 2], acc[h]);
+        acc[h] = fmaf(qq.w, kv[4 * u + 3], acc[h]);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kHG; ++h) {
+    const float s = acc[h] + __shfl_xor_sync(0xffffffffu, acc[h], 1);
+    if (j == 0 && h < n) S[(h_first + h) * kTile + t] = t < t_valid ? finite_or_nan(P.p.softmax_scale * s) : -INFINITY;
+  }
+}
+
+/// Stage 0: grid (H_kv, B, 2), kThreads threads, G * D floats of dynamic shared memory. CTA
+/// (g, b, w) writes the maximum score of every query head of KV head g over the first (w = 0) or
+/// the last (w = 1) pruning block of sequence b to bmax[w][b, h] (warp per token, lanes over the
+/// channels; four tokens' loads in flight per warp).
+template <int kD>
+__global__ void __launch_bounds__(kThreads) threshold_kernel(const Params P) {
+  griddep_launch_dependents();
+  const DecodeNf4Plan& p = P.p;
+  const int64_t g = blockIdx.x, b = blockIdx.y;
+  const int which = int(blockIdx.z);
+  const int G = int(p.heads / p.heads_kv);
+  const int64_t L = seq_len(p, P.x, b), bs = p.block_size, n = p.blocks(L);
+  extern __shared__ __align__(16) float q_s[];  // [G][kD], then red[kWarps][G]
+  constexpr int kWarps = kThreads / 32, kPer = kD / 32;
+  float* red = q_s + G * kD;
+  for (int e = threadIdx.x; e < G * kD; e += kThreads)
+    q_s[e] = decode_bf16(P.x.q[b * p.q_stride[0] + (g * G + e / kD) * p.q_stride[2] + e % kD]);
+  for (int e = threadIdx.x; e < kWarps * G; e += kThreads) red[e] = -INFINITY;
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float sc[kPer];
+  const int64_t s0 = b * p.ks_stride[0] + g * p.ks_stride[1];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) sc[i] = detail::load_float(P.x.k_scale, p.scale_dtype, s0 + lane * kPer + i);
+  const int64_t t0 = n == 0 ? 0 : (which == 0 ? 0 : (n - 1) * bs), t1 = min(L, t0 + bs);
+  for (int64_t tb = t0 + warp; tb < t1; tb += 4 * kWarps) {
+    float k[4][kPer];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {  // four tokens' loads before any use
+      const int64_t t = tb + u * kWarps;
+      if (t >= t1) continue;
+      const uint8_t* codes = P.x.k_nf4 + b * p.kc_stride[0] + t * p.kc_stride[1] + g * p.kc_stride[2];
+      const int64_t r0 = b * p.kr_stride[0] + t * p.kr_stride[1] + g * p.kr_stride[2];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int c = lane * kPer + i;
+        float v = kcache_decode(unpack_nibble(p.nibbles, codes[c / 2], c & 1), sc[i]);
+        if (p.use_residual) v = kcache_add_residual(v, detail::load_float(P.x.k_residual, p.residual_dtype, r0 + c));
+        k[u][i] = v;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (tb + u * kWarps >= t1) continue;
+      for (int h = 0; h < G; ++h) {
+        const float* qh = q_s + h * kD + lane * kPer;
+        float acc = 0.f;
+#pragma unroll
+        for (int c = 0; c < kPer; ++c) acc = fmaf(qh[c], k[u][c], acc);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) red[warp * G + h] = nan_max(red[warp * G + h], finite_or_nan(p.softmax_scale * acc));
+      }
+    }
+  }
+  __syncthreads();
+  for (int h = threadIdx.x; h < G; h += kThreads) {
+    float m = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) m = nan_max(m, red[w * G + h]);
+    P.bmax[(int64_t(which) * p.batch + b) * p.heads + g * G + h] = m;
+  }
+}
+
+/// Stage 1: grid (n_splits, H_kv * head_chunks, B), kThreads threads, Smem<kD, kRes> bytes.
+template <int kD, int kHG, bool kRes>
+__global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
+  griddep_launch_dependents();
+  using Sm = Smem<kD, kRes>;
+  constexpr int kDv = kD, kCV = kDv / 32;
+  const DecodeNf4Plan& p = P.p;
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int g = blockIdx.y / P.head_chunks, hc = blockIdx.y % P.head_chunks;
+  const int G = int(p.heads / p.heads_kv);
+  const int h_own = hc * kHG, n_own = min(kHG, G - h_own);  // the CTA's heads g * G + h_own + [0, n_own)
+  const int nq = P.qk_heads;                                 // scored heads: [q_first, q_first + nq) of the group
+  const int q_first = nq == G ? 0 : h_own;
+  const int own_in_q = h_own - q_first;                      // row of the first own head in q_s / S
+  const int nq_real = min(nq, G - q_first);                  // scored heads that exist (the rest: q = 0)
+  const int64_t L = seq_len(p, P.x, b);
+  const int64_t t_begin = int64_t(split) * P.split_tiles * kTile;
+  if (t_begin >= L) return;  // nothing of this sequence here: the merge reads only splits with tokens
+  const int64_t t_end = min(L, t_begin + int64_t(P.split_tiles) * kTile);
+  const int n_tiles = int((t_end - t_begin + kTile - 1) / kTile);
+  const int64_t bs = p.block_size, n_blocks = p.blocks(L);
+  const int nbt = P.prune ? int(kTile / bs) : 1;  // pruning blocks per tile (bs divides kTile)
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* codes_s = smem_raw;
+  uint8_t* resid_s = codes_s + 2 * Sm::kCodes;
+  uint8_t* v_s = resid_s + 2 * Sm::kResid;
+  float* q_s = reinterpret_cast<float*>(v_s + Sm::kV);
+  float* scale_s = q_s + nq * kD;
+  float* S = scale_s + kD;
+  float* Pm = S + nq * kTile;                 // P[t][kMaxHeads]
+  float* lut = Pm + kTile * kMaxHeads;        // 16
+  float* alpha_s = lut + 16;                  // [kMaxHeads]
+  float* m_run = alpha_s + kMaxHeads;
+  float* l_run = m_run + kMaxHeads;
+  float* thr_s = l_run + kMaxHeads;           // [64] (nq <= 64 when pruning)
+  int* allb_s = reinterpret_cast<int*>(thr_s + 64);  // [kTile]: block below its threshold for every head
+  int* keep_s = allb_s + kTile;               // [kTile]
+  int* misc = keep_s + kTile;                 // [0]: skipped blocks
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint8_t* kc_base = P.x.k_nf4 + b * p.kc_stride[0] + g * p.kc_stride[2];
+  const uint8_t* kr_base = P.x.k_residual + b * p.kr_stride[0] + g * p.kr_stride[2];
+  const uint16_t* v_base = P.x.v + b * p.v_stride[0] + g * p.v_stride[2];
+
+  auto load_k = [&](int tile, int buf) {
+    const int64_t t0 = t_begin + int64_t(tile) * kTile;
+    const int nt = int(t_end - t0 < kTile ? t_end - t0 : kTile);
+    constexpr int kCg = kD / 32;  // 16-byte granules of a token's codes
+    for (int e = tid; e < nt * kCg; e += kThreads) {
+      const int t = e / kCg, c = e % kCg;
+      cp_async16(codes_s + buf * Sm::kCodes + t * code_pitch<kD>() + 16 * c, kc_base + (t0 + t) * p.kc_stride[1] + 16 * c);
+    }
+    if constexpr (kRes) {
+      constexpr int kRg = kD / 16;
+      for (int e = tid; e < nt * kRg; e += kThreads) {
+        const int t = e / kRg, c = e % kRg;
+        cp_async16(resid_s + buf * Sm::kResid + t * res_pitch<kD>() + 16 * c, kr_base + (t0 + t) * p.kr_stride[1] + 16 * c);
+      }
+    }
+  };
+
+  // V rows of tile `tile` (pruning: of its kept blocks, keep_s) into the V buffer
+  auto load_v = [&](int tile) {
+    const int64_t t0 = t_begin + int64_t(tile) * kTile;
+    const int nt = int(t_end - t0 < kTile ? t_end - t0 : kTile);
+    constexpr int kVg = kDv / 8;  // 16-byte granules of a token's V row
+    for (int e = tid; e < nt * kVg; e += kThreads) {
+      const int t = e / kVg, c = e % kVg;
+      if (P.prune && !keep_s[t / int(bs)]) continue;
+      cp_async16(v_s + t * kDv * 2 + 16 * c, v_base + (t0 + t) * p.v_stride[1] + 8 * c);
+    }
+  };
+
+  // prologue: the first two K tiles in flight (without pruning V of the first tile between
+  // them: V does not wait for keep decisions), then q, the channel scales and the NF4 table.
+  // Groups, pruning: K0 K1 | per tile i: V(i) K(i+2). Without: K0 V0 K1 | per tile i: K(i+2), V(i+1).
+  load_k(0, 0);
+  cp_async_commit();
+  if (!P.prune) {
+    load_v(0);
+    cp_async_commit();
+  }
+  if (n_tiles > 1) load_k(1, 1);
+  cp_async_commit();
+  for (int e = tid; e < nq * kD; e += kThreads)
+    q_s[e] = e / kD < nq_real ? decode_bf16(P.x.q[b * p.q_stride[0] + (g * G + q_first + e / kD) * p.q_stride[2] + e % kD])
+                              : 0.f;
+  for (int c = tid; c < kD; c += kThreads)
+    scale_s[c] = detail::load_float(P.x.k_scale, p.scale_dtype, b * p.ks_stride[0] + g * p.ks_stride[1] + c);
+  if (tid < 16) lut[tid] = nf4_value(uint8_t(tid));
+  if (tid < kMaxHeads) {
+    m_run[tid] = -INFINITY;
+    l_run[tid] = 0.f;
+  }
+  if (tid == 0) misc[0] = 0;
+
+  float o[kHG][kCV];
+#pragma unroll
+  for (int h = 0; h < kHG; ++h)
+#pragma unroll
+    for (int c = 0; c < kCV; ++c) o[h][c] = 0.f;
+
+  bool have_thr = false;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int buf = it & 1;
+    const int64_t t0 = t_begin + int64_t(it) * kTile;
+    const int nt = int(t_end - t0 < kTile ? t_end - t0 : kTile);
+    if (P.prune)
+      cp_async_wait<1>();  // K(it); K(it + 1) may be in flight
+    else
+      cp_async_wait<2>();  // K(it); K(it + 1) and V(it) may be in flight
+    __syncthreads();
+    for (int h0 = 0; h0 < nq; h0 += kHG)
+      score_tile<kD, kHG, kRes>(P, codes_s + buf * Sm::kCodes, resid_s + buf * Sm::kResid, q_s, scale_s, lut, S, h0,
+                                min(kHG, nq - h0), nt);
+    if (P.prune && !have_thr) {
+      griddep_wait();  // the threshold kernel's results
+      if (tid < nq_real) {
+        const int64_t i = int64_t(b) * p.heads + g * G + q_first + tid;
+        thr_s[tid] = P.thr ? P.thr[i] : nan_max(P.bmax[i], P.bmax[int64_t(p.batch) * p.heads + i]) - p.delta;
+      }
+      have_thr = true;
+    }
+    __syncthreads();
+    // keep decisions of the tile's pruning blocks (bs divides kTile): a block is skipped when every
+    // scored head is below its threshold (the first and last blocks of the sequence are kept)
+    if (P.prune) {
+      if (tid < nbt) allb_s[tid] = 1;
+      __syncthreads();
+      const int bsi = int(bs);
+      for (int h = warp; h < nq_real; h += kThreads / 32) {
+        const float* Sh = S + h * kTile;
+        const float th = thr_s[h];
+        if (bsi >= 4) {
+          const float4 s4 = reinterpret_cast<const float4*>(Sh)[lane];
+          float m = nan_max(nan_max(s4.x, s4.y), nan_max(s4.z, s4.w));
+          for (int off = 1; off < bsi / 4; off <<= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, off));
+          if (lane % (bsi / 4) == 0 && !(m < th)) atomicAnd(&allb_s[4 * lane / bsi], 0);
+        } else {
+          for (int u = 0; u < 4; u += bsi) {
+            float m = Sh[4 * lane + u];
+            if (bsi == 2) m = nan_max(m, Sh[4 * lane + u + 1]);
+            if (!(m < th)) atomicAnd(&allb_s[(4 * lane + u) / bsi], 0);
+          }
+        }
+      }
+      __syncthreads();
+    }
+    if (tid < nbt) {
+      const int64_t start = t0 + int64_t(tid) * bs, j = start / bs;  // global block index
+      int keep = 1;
+      if (start >= t_end) {
+        keep = 0;  // past the sequence: not a block of it
+      } else if (P.prune && j > 0 && j + 1 < n_blocks && allb_s[tid]) {
+        keep = 0;
+        atomicAdd(misc, 1);
+      }
+      keep_s[tid] = keep;
+    }
+    __syncthreads();
+    // V rows of the kept tokens (pruning), then K of tile it + 2 into the buffer just scored
+    if (P.prune) {
+      load_v(it);
+      cp_async_commit();
+    }
+    if (it + 2 < n_tiles) load_k(it + 2, buf);
+    cp_async_commit();
+    // online softmax: warp w for own head w (P = 0 for padding heads, skipped and absent tokens)
+    if (warp < kHG) {
+      const bool real = warp < n_own;
+      const float* Sh = S + (own_in_q + (real ? warp : 0)) * kTile;
+      const float4 sv = reinterpret_cast<const float4*>(Sh)[lane];
+      const float sl[4] = {sv.x, sv.y, sv.z, sv.w};
+      float s4[4];
+      float mt = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int t = 4 * lane + u;
+        const bool kept = t < nt && (!P.prune || keep_s[t / int(bs)]);
+        s4[u] = kept ? sl[u] : -INFINITY;
+        mt = nan_max(mt, s4[u]);
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mt = nan_max(mt, __shfl_xor_sync(0xffffffffu, mt, off));
+      const float m_old = m_run[warp], m_new = nan_max(m_old, mt);
+      const float alpha = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
+      float ls = 0.f;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float pt = (!real || m_new == -INFINITY || s4[u] == -INFINITY) ? 0.f : __expf(s4[u] - m_new);
+        Pm[(4 * lane + u) * kMaxHeads + warp] = pt;
+        ls += pt;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, off);
+      __syncwarp();
+      if (lane == 0) {
+        alpha_s[warp] = alpha;
+        m_run[warp] = m_new;
+        l_run[warp] = l_run[warp] * alpha + ls;
+      }
+    }
+    cp_async_wait<1>();  // V(it) (and K(it + 1)); K(it + 2) may be in flight
+    __syncthreads();
+    // P @ V: warp w over tokens [16 w, 16 w + 16), lane over channels [kCV lane, kCV lane + kCV)
+    {
+#pragma unroll
+      for (int h = 0; h < kHG; ++h) {
+        const float a = alpha_s[h];
+#pragma unroll
+        for (int c = 0; c < kCV; ++c) o[h][c] *= a;
+      }
+#pragma unroll 2
+      for (int u = 0; u < 16; ++u) {
+        const int t = 16 * warp + u;
+        if (t >= nt || (P.prune && !keep_s[t / int(bs)])) continue;
+        float v[kCV];
+        const uint16_t* vr = reinterpret_cast<const uint16_t*>(v_s + t * kDv * 2) + kCV * lane;
+        if constexpr (kCV == 2) {
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(vr);
+          v[0] = __uint_as_float(w << 16);
+          v[1] = __uint_as_float(w & 0xFFFF0000u);
+        } else {
+#pragma unroll
+          for (int c4 = 0; c4 < kCV / 4; ++c4) {
+            const uint2 w = *reinterpret_cast<const uint2*>(vr + 4 * c4);
+            v[4 * c4 + 0] = __uint_as_float(w.x << 16);
+            v[4 * c4 + 1] = __uint_as_float(w.x & 0xFFFF0000u);
+            v[4 * c4 + 2] = __uint_as_float(w.y << 16);
+            v[4 * c4 + 3] = __uint_as_float(w.y & 0xFFFF0000u);
+          }
+        }
+        const float* pr = Pm + t * kMaxHeads;
+#pragma unroll
+        for (int h = 0; h < kHG; ++h) {
+          const float pt = pr[h];
+#pragma unroll
+          for (int c = 0; c < kCV; ++c) o[h][c] = fmaf(pt, v[c], o[h][c]);
+        }
+      }
+    }
+    __syncthreads();
+    if (!P.prune) {  // V of the next tile: the buffer is free now
+      if (it + 1 < n_tiles) load_v(it + 1);
+      cp_async_commit();
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  // reduce o over the 8 warps (through the V buffer: 8 * kHG * Dv floats <= 128 * Dv bf16)
+  float* red = reinterpret_cast<float*>(v_s);
+#pragma unroll
+  for (int h = 0; h < kHG; ++h)
+#pragma unroll
+    for (int c = 0; c < kCV; ++c) red[(warp * kHG + h) * kDv + kCV * lane + c] = o[h][c];
+  __syncthreads();
+  const int n_splits = P.n_splits;
+  for (int e = tid; e < n_own * kDv; e += kThreads) {
+    const int h = e / kDv, c = e % kDv;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) s += red[(w * kHG + h) * kDv + c];
+    P.part[((int64_t(b) * p.heads + g * G + h_own + h) * n_splits + split) * (2 + kDv) + 2 + c] = s;
+  }
+  if (tid < n_own) {
+    float* dst = P.part + ((int64_t(b) * p.heads + g * G + h_own + tid) * n_splits + split) * (2 + kDv);
+    dst[0] = m_run[tid];
+    dst[1] = l_run[tid];
+  }
+  if (tid == 0 && hc == 0) P.skipped[(int64_t(b) * p.heads_kv + g) * n_splits + split] = misc[0];
+}
+
+/// Stage 2: grid (H_q, B), Dv threads.
+template <int kDv>
+__global__ void __launch_bounds__(256) merge_kernel(const Params P) {
+  griddep_wait();
+  const DecodeNf4Plan& p = P.p;
+  const int64_t b = blockIdx.y, h = blockIdx.x;
+  const int64_t L = seq_len(p, P.x, b), n = p.blocks(L);
+  const int64_t nc = (L + int64_t(P.split_tiles) * kTile - 1) / (int64_t(P.split_tiles) * kTile);
+  const float* part = P.part + (b * p.heads + h) * P.n_splits * (2 + kDv);
+  float m_all = -INFINITY;
+  for (int64_t c = 0; c < nc; ++c) m_all = nan_max(m_all, part[c * (2 + kDv)]);
+  float l = 0.f, o = 0.f;
+  const int ch = threadIdx.x;
+  for (int64_t c = 0; c < nc; ++c) {
+    const float mc = part[c * (2 + kDv)];
+    if (mc == -INFINITY) continue;  // no kept token in the split
+    const float w = __expf(mc - m_all);
+    l = fmaf(w, part[c * (2 + kDv) + 1], l);
+    o = fmaf(w, part[c * (2 + kDv) + 2 + ch], o);
+  }
+  P.x.out[b * p.o_stride[0] + h * p.o_stride[1] + ch] = encode_bf16(o / l);
+  const int G = int(p.heads / p.heads_kv);
+  if (p.has_skip_ratio && h % G == 0 && threadIdx.x == 0) {
+    int sk = 0;
+    const int64_t g = h / G;
+    for (int64_t c = 0; c < nc; ++c) sk += P.skipped[(b * p.heads_kv + g) * P.n_splits + c];
+    P.x.skip_ratio[b * p.sr_stride[0] + g * p.sr_stride[1]] = n > 0 ? float(double(sk) / double(n)) : 0.f;
+  }
+}
+
+template <int kD, int kHG, bool kRes>
+cudaError_t launch(Params P, cudaStream_t st, int device) {
+  const DecodeNf4Plan& p = P.p;
+  auto kern = split_kernel<kD, kHG, kRes>;
+  const size_t smem = Smem<kD, kRes>::bytes(P.qk_heads);
+  if (smem > size_t(kMaxSmem)) return cudaErrorInvalidValue;  // excluded by the dispatch
+  static std::atomic<uint64_t> opted{0};
+  if (cudaError_t e = opt_in_smem(kern, kMaxSmem, device, opted)) return e;  // once, the largest any call needs
+  // splits: at most one wave of CTAs at the kernel's occupancy (no partial second wave), whole
+  // tiles, at least one tile each
+  int occ = 0;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, kThreads, smem)) return e;
+  const int64_t slots = int64_t(sm_count(device)) * (occ > 0 ? occ : 1);
+  const int64_t tiles = (p.seqlen + kTile - 1) / kTile;
+  const int64_t units = p.batch * p.heads_kv * P.head_chunks;
+  const int64_t want = slots / units > 1 ? slots / units : 1;  // splits per sequence
+  const int64_t per = (tiles + want - 1) / want;
+  P.split_tiles = int(per < 1 ? 1 : per);
+  P.n_splits = int((tiles + P.split_tiles - 1) / P.split_tiles);
+  if (P.n_splits < 1) P.n_splits = 1;
+  // workspace: bmax [2, B, H_q], part [B, H_q, n_splits, 2 + Dv], skipped [B, H_kv, n_splits]
+  const size_t bmax_b = size_t(2 * p.batch * p.heads) * 4;
+  const size_t part_b = size_t(p.batch * p.heads) * size_t(P.n_splits) * (2 + kD) * 4;
+  const size_t skip_b = size_t(p.batch * p.heads_kv) * size_t(P.n_splits) * 4;
+  cudaMemPool_t pool;
+  if (cudaError_t e = workspace_pool(&pool)) return e;
+  void* ws = nullptr;
+  if (cudaError_t e = cudaMallocFromPoolAsync(&ws, bmax_b + part_b + skip_b, pool, st)) return e;
+  P.bmax = static_cast<float*>(ws);
+  P.part = reinterpret_cast<float*>(static_cast<char*>(ws) + bmax_b);
+  P.skipped = reinterpret_cast<int*>(static_cast<char*>(ws) + bmax_b + part_b);
+  P.thr = p.has_threshold ? P.x.threshold : nullptr;
+  cudaError_t e = cudaSuccess;
+  const dim3 grid(unsigned(P.n_splits), unsigned(p.heads_kv * P.head_chunks), unsigned(p.batch));
+  if (P.prune && !p.has_threshold) {
+    // the split kernel may start while the threshold kernel runs (it waits before its first
+    // decision); its other inputs were written before the threshold kernel started
+    const int G = int(p.heads / p.heads_kv);
+    const size_t tsmem = size_t(G) * (kD + kThreads / 32) * 4;
+    static std::atomic<uint64_t> opted_thr{0};
+    e = opt_in_smem(threshold_kernel<kD>, int(tsmem), device, opted_thr);
+    if (e == cudaSuccess) {
+      threshold_kernel<kD><<<dim3(unsigned(p.heads_kv), unsigned(p.batch), 2), kThreads, tsmem, st>>>(P);
+      e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = launch_pdl(kern, grid, dim3(kThreads), smem, st, P);
+  } else {
+    kern<<<grid, kThreads, smem, st>>>(P);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess)
+    e = launch_pdl(merge_kernel<kD>, dim3(unsigned(p.heads), unsigned(p.batch)), dim3(kD), 0, st, P);
+  const cudaError_t f = cudaFreeAsync(ws, st);
+  return e != cudaSuccess ? e : f;
+}
+
+/// Heads per CTA (kHG), head chunks and scored heads of a call.
+void head_split(Params& P, int G, int& kHG) {
+  kHG = G <= 1 ? 1 : (G <= 4 ? 4 : 8);
+  P.head_chunks = (G + kHG - 1) / kHG;
+  P.qk_heads = (P.prune && P.head_chunks > 1) ? G : kHG;
+}
+
+/// Whether the split kernel's shared memory fits for this call.
+bool smem_fits(const DecodeNf4Plan& p, int qk_heads) {
+  size_t b = 0;
+  switch (p.head_dim) {
+    case 64: b = p.use_residual ? Smem<64, true>::bytes(qk_heads) : Smem<64, false>::bytes(qk_heads); break;
+    case 128: b = p.use_residual ? Smem<128, true>::bytes(qk_heads) : Smem<128, false>::bytes(qk_heads); break;
+    case 256: b = p.use_residual ? Smem<256, true>::bytes(qk_heads) : Smem<256, false>::bytes(qk_heads); break;
+    default: return false;
+  }
+  return b <= size_t(kMaxSmem);
+}
+
+template <int kD>
+cudaError_t launch_d(Params P, int G, cudaStream_t st, int device) {
+  int kHG = 8;
+  head_split(P, G, kHG);
+  auto go = [&](auto hg) -> cudaError_t {
+    constexpr int H = decltype(hg)::value;
+    return P.p.use_residual ? launch<kD, H, true>(P, st, device) : launch<kD, H, false>(P, st, device);
+  };
+  if (kHG == 1) return go(std::integral_constant<int, 1>{});
+  if (kHG == 4) return go(std::integral_constant<int, 4>{});
+  return go(std::integral_constant<int, 8>{});
+}
+
+bool aligned16(const void* ptr, int64_t stride_bytes) {
+  return (reinterpret_cast<uintptr_t>(ptr) % 16 == 0) && (stride_bytes % 16 == 0);
+}
+
+}  // namespace decode_fused
+
+int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Ptrs& ptrs, void* workspace,
+                    int64_t workspace_bytes, void* stream) {
+  using namespace decode_fused;
+  if (plan.batch == 0 || plan.heads == 0) return cudaSuccess;
+  if (plan.batch > 65535 || plan.heads > 65535 || plan.seqlen > (int64_t(1) << 36)) return cudaErrorInvalidConfiguration;
+  const int G = int(plan.heads / plan.heads_kv);
+  const bool prune = plan.has_threshold || std::isfinite(plan.delta);
+  // the fused path's conditions (docs/decode_attention.md): otherwise the generic kernels
+  bool fused = plan.head_dim == plan.head_dim_v && plan.seqlen > 0;
+  fused = fused && aligned16(ptrs.k_nf4, plan.kc_stride[0]) && aligned16(ptrs.k_nf4, plan.kc_stride[1]) &&
+          aligned16(ptrs.k_nf4, plan.kc_stride[2]);
+  if (plan.use_residual)
+    fused = fused && aligned16(ptrs.k_residual, plan.kr_stride[0]) && aligned16(ptrs.k_residual, plan.kr_stride[1]) &&
+            aligned16(ptrs.k_residual, plan.kr_stride[2]);
+  fused = fused && aligned16(ptrs.v, 2 * plan.v_stride[0]) && aligned16(ptrs.v, 2 * plan.v_stride[1]) &&
+          aligned16(ptrs.v, 2 * plan.v_stride[2]);
+  if (prune) fused = fused && plan.block_size <= kTile && kTile % plan.block_size == 0 && G <= 64;
+  if (plan.heads_kv > 65535 / ((G + 7) / 8)) fused = false;
+  Params P{};
+  P.p = plan;
+  P.x = ptrs;
+  P.prune = prune;
+  int kHG = 8;
+  head_split(P, G, kHG);
+  if (!fused || !smem_fits(plan, P.qk_heads)) return attn_decode_nf4_generic(plan, ptrs, workspace, workspace_bytes, stream);
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device)) return e;
+  const auto st = static_cast<cudaStream_t>(stream);
+  switch (plan.head_dim) {
+    case 64: return launch_d<64>(P, G, st, device);
+    case 128: return launch_d<128>(P, G, st, device);
+    case 256: return launch_d<256>(P, G, st, device);
+    default: return attn_decode_nf4_generic(plan, ptrs, workspace, workspace_bytes, stream);
+  }
+}
+
+}  // namespace lowbit::cuda
