@@ -1,7 +1,8 @@
 // src/cuda/common/sm90_gemm_common.cuh: building blocks shared by the sm_90a GEMM kernels:
 // cp.async, the bf16 RS wgmma of 64 weight rows x NT tokens x 16, 128B-swizzled K-major
-// descriptors, mbarriers (forwarding to CUTLASS's), TMA loads and the async-proxy fence. The launch
-// helpers (PDL, shared-memory opt-in, SM count) and the TMA descriptors are in launch_utils.cuh,
+// descriptors, mbarriers (forwarding to CUTLASS's), the two policies of the TMA load and the
+// mbarrier wait (LocalPrims, CutlassPrims) and the async-proxy fence. The launch helpers (PDL,
+// shared-memory opt-in, SM count) and the TMA descriptors are in launch_utils.cuh,
 // device_info.cuh and tma.cuh, included here for the kernels that use them.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <utility>
 
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
 
@@ -126,24 +128,58 @@ __device__ __forceinline__ void mbar_cp_async_arrive(uint32_t bar) {
   cutlass::arch::cpasync_barrier_arrive_noinc(bar_ptr(bar));
   compiler_fence();
 }
-/// Blocks until the barrier's phase of parity `parity` has completed.
-// NOTE: a C++ loop around try_wait, not Barrier::wait: that one spins inside one asm block with a
-// suspend-time hint, which is a different wait loop in SASS.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  compiler_fence();
-  while (!Barrier::try_wait(bar_ptr(bar), parity)) {
+// ---- Primitive policies: the TMA load and the mbarrier wait ----
+// The kernels that use them (the MXFP4 grouped GEMM's warp-specialized mainloop,
+// group_mainloop_ws.cuh) take the policy as a template parameter `Prims`, defaulted to LocalPrims.
+// Both policies have the same static functions and signatures:
+//   tma_load_2d(dst, tmap, x, y, bar): 2D tile of a tensor map (coordinates: x innermost, in
+//     elements) into shared memory at `dst`; completion is counted in bytes on `bar`.
+//   mbar_wait(bar, parity): blocks until the barrier's phase of parity `parity` has completed.
+// The project rule is CUTLASS's primitives unless a same-process A/B shows them slower: the A/B is
+// bench/dev/gemm_prims_ab.cu (both policies in one binary, bit-identical outputs checked, timed
+// interleaved). Until it has been run on an H100, the default stays the hand-written LocalPrims,
+// the code the kernels have always had.
+// NOTE: the dual GEMM (dual_mainloop.cuh) and the grouped GEMM's cp.async mainloop
+// (group_mainloop.cuh) use neither primitive (cp.async pipelines with CTA barriers): no policy.
+
+/// The hand-written primitives.
+struct LocalPrims {
+  // NOTE: hand-written: cute::SM90_TMA_LOAD_2D always adds an .L2::cache_hint operand; this load has none.
+  __device__ static __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int32_t x, int32_t y,
+                                                     uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(tmap), "r"(x), "r"(y), "r"(bar)
+        : "memory");
   }
-  compiler_fence();
-}
-/// 2D tile of a tensor map (coordinates: x innermost, in elements) into shared memory; completion
-/// is counted in bytes on `bar`.
-// NOTE: hand-written: cute::SM90_TMA_LOAD_2D always adds an .L2::cache_hint operand; this load has none.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int32_t x, int32_t y, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(tmap), "r"(x), "r"(y), "r"(bar)
-      : "memory");
-}
+  // NOTE: a C++ loop around try_wait, not Barrier::wait: that one spins inside one asm block with a
+  // suspend-time hint, which is a different wait loop in SASS.
+  __device__ static __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    compiler_fence();
+    while (!Barrier::try_wait(bar_ptr(bar), parity)) {
+    }
+    compiler_fence();
+  }
+};
+
+/// CUTLASS's primitives: cute::SM90_TMA_LOAD_2D (always with an L2 cache hint: EVICT_NORMAL, the
+/// default policy, as the hand-written load has no hint) and ClusterBarrier::wait (try_wait with a
+/// suspend-time hint, looped inside one asm block).
+struct CutlassPrims {
+  __device__ static __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int32_t x, int32_t y,
+                                                     uint32_t bar) {
+    cute::SM90_TMA_LOAD_2D::copy(tmap, bar_ptr(bar), static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                 __cvta_shared_to_generic(dst), x, y);
+  }
+  // NOTE: bracketed by compiler_fence() as LocalPrims's: the wait's asm has no "memory" clobber, and
+  // the consumers read the stage with plain loads after it.
+  __device__ static __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    compiler_fence();
+    Barrier::wait(bar_ptr(bar), parity);
+    compiler_fence();
+  }
+};
+
 /// Orders this thread's generic-proxy shared-memory writes (cp.async results) before the async
 /// proxy's reads (wgmma operands from shared memory); followed by a CTA barrier.
 __device__ __forceinline__ void fence_proxy_async_smem() {

@@ -15,8 +15,9 @@ namespace {
 /// TMA for the activation atoms and one 8-byte cp.async per row for the scale bytes, into kStages stages
 /// guarded by full / empty mbarriers. Warpgroups 0 and 1 consume at their own pace (no CTA barrier
 /// in the K loop) and split each stage into kBatches batches: batch b + 1 is decoded while the wgmma of
-/// batch b runs.
-template <int kTileN, int kStages, int kBatches>
+/// batch b runs. Prims: the TMA load and mbarrier wait (LocalPrims or CutlassPrims,
+/// sm90_gemm_common.cuh).
+template <int kTileN, int kStages, int kBatches, class Prims = LocalPrims>
 __global__ void __launch_bounds__(288, 2)
     group_gemm_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a, GroupArgs A) {
   constexpr int kTileK = 256;
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(288, 2)
       const uint32_t st = smem_base + uint32_t((it % kStages) * kStageBytes), full = full0 + uint32_t(8 * (it % kStages));
       if (lane == 0) {
         mbar_arrive_expect_tx(full, uint32_t(SS::kWBytes + kActBytes));
-        tma_load_2d(st + kActBytes, &tm_w, int32_t((kt0 + it) * (kTileK / 2)), wy, full);
+        Prims::tma_load_2d(st + kActBytes, &tm_w, int32_t((kt0 + it) * (kTileK / 2)), wy, full);
       }
 #pragma unroll
       for (int j = 0; j < kRows / 32; ++j) cp_async8(st + kActBytes + SS::kWBytes + (lane + 32 * j) * 8, srow[j] + (kt0 + it) * 8);
@@ -87,14 +88,15 @@ __global__ void __launch_bounds__(288, 2)
       const uint32_t st = smem_base + uint32_t((it % kStages) * kStageBytes), full = full0 + uint32_t(8 * (it % kStages));
       if (lane == 0)
 #pragma unroll
-        for (int c = 0; c < kTileK / 64; ++c) tma_load_2d(st + c * kTileN * 128, &tm_a, int32_t((kt0 + it) * kTileK + 64 * c), int32_t(m0), full);
+        for (int c = 0; c < kTileK / 64; ++c)
+          Prims::tma_load_2d(st + c * kTileN * 128, &tm_a, int32_t((kt0 + it) * kTileK + 64 * c), int32_t(m0), full);
     };
     const int64_t npro = nkt < kStages ? nkt : kStages;
     for (int64_t it = 0; it < npro; ++it) weights(it);
     griddep_wait();  // the activations come from the pre-pass
     for (int64_t it = 0; it < npro; ++it) acts(it);
     for (int64_t it = npro; it < nkt; ++it) {
-      mbar_wait(empty0 + uint32_t(8 * (it % kStages)), uint32_t((it / kStages - 1) & 1));
+      Prims::mbar_wait(empty0 + uint32_t(8 * (it % kStages)), uint32_t((it / kStages - 1) & 1));
       weights(it);
       acts(it);
     }
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(288, 2)
     const uint64_t desc0 = desc_sw128(smem_base);
     for (int64_t it = 0; it < nkt; ++it) {
       const int s = int(it % kStages);
-      mbar_wait(full0 + uint32_t(8 * s), uint32_t((it / kStages) & 1));
+      Prims::mbar_wait(full0 + uint32_t(8 * s), uint32_t((it / kStages) & 1));
       const uint8_t* st = smem + s * kStageBytes;
       const uint32_t u0 = *reinterpret_cast<const uint32_t*>(st + so0);
       const uint32_t u1 = *reinterpret_cast<const uint32_t*>(st + so1);

@@ -36,8 +36,8 @@ __global__ void group_finalize_kernel(GroupArgs A) {
   }
 }
 
-/// The warp-specialized kernel (packed weights, kTileK = 256).
-template <int kTileN, int kStages, int kBatches>
+/// The warp-specialized kernel (packed weights, kTileK = 256) with the primitive policy Prims.
+template <int kTileN, int kStages, int kBatches, class Prims = LocalPrims>
 cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
   constexpr int kStageBytes = (kTileN * 256 * 2 + StageShape<256>::kWBytes + kRows * 8 + 1023) / 1024 * 1024;
   constexpr int smem = kStages * kStageBytes + 1024;
@@ -51,7 +51,7 @@ cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, c
                                    uint64_t(a.Kp * 2), 64, kTileN);
       e != cudaSuccess)
     return e;
-  auto kern = group_gemm_ws_kernel<kTileN, kStages, kBatches>;
+  auto kern = group_gemm_ws_kernel<kTileN, kStages, kBatches, Prims>;
   static std::atomic<uint64_t> opted{0};
   if (cudaError_t e = opt_in_smem(kern, smem, device, opted); e != cudaSuccess) return e;
   dim3 grid(unsigned((a.N + kRows - 1) / kRows), unsigned(max_tiles), unsigned(a.splits));
@@ -71,7 +71,9 @@ void pick_tile(int64_t rows_bound, int64_t G, int* NT, int* KT) {
 }
 
 /// Runs the grouped GEMM of `a` (act already in place, a.NT / a.KT from pick_tile): split-K and
-/// the finalize.
+/// the finalize. Prims: the warp-specialized kernel's primitive policy (the library runs the
+/// default; bench/dev/gemm_prims_ab.cu runs both).
+template <class Prims = LocalPrims>
 cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaStream_t st) {
   int dev = 0;
   cudaGetDevice(&dev);
@@ -89,8 +91,8 @@ cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaS
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&a.ws), size_t(splits) * a.M * a.N * sizeof(float), pool, st);
   if (e == cudaSuccess) {
     if (ws_eligible(a)) {
-      e = NT == 16 ? launch_group_ws<16, moe::group_ws_stages(16), moe::kGroupWsBatches>(a, max_tiles, dev, st)
-                   : launch_group_ws<32, moe::group_ws_stages(32), moe::kGroupWsBatches>(a, max_tiles, dev, st);
+      e = NT == 16 ? launch_group_ws<16, moe::group_ws_stages(16), moe::kGroupWsBatches, Prims>(a, max_tiles, dev, st)
+                   : launch_group_ws<32, moe::group_ws_stages(32), moe::kGroupWsBatches, Prims>(a, max_tiles, dev, st);
     } else
     switch (NT) {
       case 16: e = launch_group<16, moe::group_stages(16), moe::pick_tile(16, 1).tile_k>(a, max_tiles, dev, st); break;
