@@ -27,6 +27,7 @@
 #include "core/plan_decode.hpp"
 #include "cuda/attention/launch_decode.hpp"
 #include "cuda/attention/nf4_decode_generic.hpp"
+#include "cuda/attention/nf4_decode_tile.cuh"
 #include "cuda/common/device_info.cuh"
 #include "cuda/common/launch_utils.cuh"
 #include "cuda/common/workspace.cuh"
@@ -35,196 +36,76 @@
 namespace lowbit::cuda {
 namespace decode_fused {
 
-using detail::DecodeNf4Plan;
-using detail::DecodeNf4Ptrs;
-
-constexpr int kTile = 128;    ///< tokens per tile
-constexpr int kThreads = 256; ///< 8 warps: 2 lanes per token when scoring, 16 tokens per warp in P @ V
-constexpr int kMaxHeads = 8;  ///< query heads per CTA in P @ V (o in registers)
-constexpr int kMaxSmem = 227 * 1024;  ///< sm_90 opt-in shared memory per block
-
-struct Params {
-  DecodeNf4Plan p;
-  DecodeNf4Ptrs x;
-  const float* thr;    ///< [B, H_q] given thresholds (x.threshold), or null
-  float* bmax;         ///< [2, B, H_q] first / last block maxima (threshold kernel), when thr is null
-  float* part;         ///< [B, H_q, n_splits, 2 + Dv]: m, l, o
-  int* skipped;        ///< [B, H_kv, n_splits]
-  int n_splits;        ///< splits of the longest sequence
-  int split_tiles;     ///< tiles per split
-  int head_chunks;     ///< ceil(G / kHG)
-  int qk_heads;        ///< query heads scored per CTA: G when pruning across several head chunks, else kHG
-  bool prune;
-};
-
-__device__ __forceinline__ int64_t seq_len(const DecodeNf4Plan& p, const DecodeNf4Ptrs& x, int64_t b) {
-  if (!p.has_seq_lens) return p.seqlen;
-  const int64_t L = x.seq_lens[b];
-  return L < 0 ? 0 : (L > p.seqlen ? p.seqlen : L);
-}
-__device__ __forceinline__ float nan_max(float a, float b) {
-  return (a != a || b != b) ? __int_as_float(0x7FC00000) : fmaxf(a, b);
-}
-/// The reference's non-finite rule: a score that is not finite makes the head's output NaN.
-__device__ __forceinline__ float finite_or_nan(float s) { return isfinite(s) ? s : __int_as_float(0x7FC00000); }
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-/// Two FP8 residuals (low byte first) as floats.
-__device__ __forceinline__ float2 fp8x2_to_float2(uint32_t pair, bool e4m3) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair & 0xFFFFu), e4m3 ? __NV_E4M3 : __NV_E5M2);
-  return __half22float2(__half2(h));
-}
-
-/// Shared-memory pitches (bytes) of one token's codes and residuals: conflict-free 64-bit code and
-/// 128-bit residual reads by the two lanes of 8 (4) consecutive tokens.
-template <int kD> constexpr int code_pitch() { return kD / 2 + 16; }
-template <int kD> constexpr int res_pitch() { return kD + 32; }
-
-template <int kD, bool kRes>
-struct Smem {
-  static constexpr int kCodes = kTile * code_pitch<kD>();          // one K buffer of codes
-  static constexpr int kResid = kRes ? kTile * res_pitch<kD>() : 0;
-  static constexpr int kV = kTile * kD * 2;                          // Dv == D, bf16
-  // layout: codes[2] | resid[2] | v | q[qk_heads][D] | scale[D] | S[qk_heads][kTile] | P[kTile][8] | small
-  static constexpr int kFixed = 2 * kCodes + 2 * kResid + kV;
-  static size_t bytes(int qk_heads) {
-    return size_t(kFixed) + size_t(qk_heads) * kD * 4 + kD * 4 + size_t(qk_heads) * kTile * 4 + kTile * kMaxHeads * 4 +
-           (16 + 3 * kMaxHeads + 64 + 2 * kTile + 8) * 4;
-  }
-};
-
-/// Scores of the tile's tokens for query heads [h_first, h_first + n) of the CTA's list (q_s rows),
-/// into S[h][t] (softmax-scaled, non-finite -> NaN, tokens at or past t_valid -> -inf).
-template <int kD, int kHG, bool kRes>
-__device__ __forceinline__ void score_tile(const Params& P, const uint8_t* codes, const uint8_t* resid, const float* q_s,
-                                           const float* scale_s, const float* lut, float* S, int h_first, int n,
-                                           int t_valid) {
-  const int t = threadIdx.x / 2, j = threadIdx.x % 2;
-  const bool e4m3 = P.p.residual_dtype == DType::kE4M3;
-  const int nib_xor = P.p.nibbles == NibbleOrder::kLowFirst ? 0 : 4;
-  float acc[kHG];
-#pragma unroll
-  for (int h = 0; h < kHG; ++h) acc[h] = 0.f;
-  const uint8_t* crow = codes + t * code_pitch<kD>();
-  const uint8_t* rrow = resid + t * res_pitch<kD>();
-#pragma unroll 1
-  for (int i = 0; i < kD / 32; ++i) {
-    const int k = 2 * i + j;  // 16-channel chunk of this lane
-    const uint2 cw = *reinterpret_cast<const uint2*>(crow + 8 * k);
-    float kv[16];
-    const float4* sc4 = reinterpret_cast<const float4*>(scale_s + 16 * k);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const float4 sc = sc4[u];
-      const float scv[4] = {sc.x, sc.y, sc.z, sc.w};
-#pragma unroll
-      for (int e4 = 0; e4 < 4; ++e4) {
-        const int e = 4 * u + e4;
-        const uint32_t w = e < 8 ? cw.x : cw.y;
-        const uint32_t code = (w >> ((4 * (e % 8)) ^ nib_xor)) & 15u;
-        kv[e] = __fmul_rn(lut[code], scv[e4]);
-      }
-    }
-    if constexpr (kRes) {
-      const uint4 rw = *reinterpret_cast<const uint4*>(rrow + 16 * k);
-      const uint32_t r4[4] = {rw.x, rw.y, rw.z, rw.w};
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float2 lo = fp8x2_to_float2(r4[u], e4m3), hi = fp8x2_to_float2(r4[u] >> 16, e4m3);
-        kv[4 * u + 0] = __fadd_rn(kv[4 * u + 0], lo.x);
-        kv[4 * u + 1] = __fadd_rn(kv[4 * u + 1], lo.y);
-        kv[4 * u + 2] = __fadd_rn(kv[4 * u + 2], hi.x);
-        kv[4 * u + 3] = __fadd_rn(kv[4 * u + 3], hi.y);
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < kHG; ++h) {
-      const float4* qh = reinterpret_cast<const float4*>(q_s + (h_first + h) * kD + 16 * k);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float4 qq = qh[u];
-        acc[h] = fmaf(qq.x, kv[4 * u + 0], acc[h]);
-        acc[h] = fmaf(qq.y, kv[4 * u + 1], acc[h]);
-        acc[h] = fmaf(qq.z, kv[4 * u + 2], acc[h]);
-        acc[h] = fmaf(qq.w, kv[4 * u + 3], acc[h]);
-      }
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < kHG; ++h) {
-    const float s = acc[h] + __shfl_xor_sync(0xffffffffu, acc[h], 1);
-    if (j == 0 && h < n) S[(h_first + h) * kTile + t] = t < t_valid ? finite_or_nan(P.p.softmax_scale * s) : -INFINITY;
-  }
-}
-
-/// Stage 0: grid (H_kv, B, 2), kThreads threads, G * D floats of dynamic shared memory. CTA
-/// (g, b, w) writes the maximum score of every query head of KV head g over the first (w = 0) or
-/// the last (w = 1) pruning block of sequence b to bmax[w][b, h] (warp per token, lanes over the
-/// channels; four tokens' loads in flight per warp).
+/// Stage 0: grid (H_kv, B, 2 * kThrSub), kThreads threads. CTA (g, b, z) scores tokens
+/// 8 * (z % kThrSub) + warp of the first (z < kThrSub) or the last pruning block of sequence b (a
+/// warp per token, lanes over the channels, q read from global memory) and writes the maximum of
+/// each query head of KV head g over its tokens to bmax[z][b, h] (-inf without a token).
 template <int kD>
 __global__ void __launch_bounds__(kThreads) threshold_kernel(const Params P) {
   griddep_launch_dependents();
   const DecodeNf4Plan& p = P.p;
   const int64_t g = blockIdx.x, b = blockIdx.y;
-  const int which = int(blockIdx.z);
+  const int z = int(blockIdx.z), which = z / kThrSub, sub = z % kThrSub;
   const int G = int(p.heads / p.heads_kv);
   const int64_t L = seq_len(p, P.x, b), bs = p.block_size, n = p.blocks(L);
-  extern __shared__ __align__(16) float q_s[];  // [G][kD], then red[kWarps][G]
   constexpr int kWarps = kThreads / 32, kPer = kD / 32;
-  float* red = q_s + G * kD;
-  for (int e = threadIdx.x; e < G * kD; e += kThreads)
-    q_s[e] = decode_bf16(P.x.q[b * p.q_stride[0] + (g * G + e / kD) * p.q_stride[2] + e % kD]);
-  for (int e = threadIdx.x; e < kWarps * G; e += kThreads) red[e] = -INFINITY;
-  __syncthreads();
+  __shared__ float red[kWarps][64];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float sc[kPer];
-  const int64_t s0 = b * p.ks_stride[0] + g * p.ks_stride[1];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) sc[i] = detail::load_float(P.x.k_scale, p.scale_dtype, s0 + lane * kPer + i);
   const int64_t t0 = n == 0 ? 0 : (which == 0 ? 0 : (n - 1) * bs), t1 = min(L, t0 + bs);
-  for (int64_t tb = t0 + warp; tb < t1; tb += 4 * kWarps) {
-    float k[4][kPer];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {  // four tokens' loads before any use
-      const int64_t t = tb + u * kWarps;
-      if (t >= t1) continue;
+  const int64_t t = t0 + sub * kWarps + warp;
+  for (int h0 = 0; h0 < G; h0 += 64) {
+    const int nh = min(64, G - h0);
+    for (int h = lane; h < 64; h += 32) red[warp][h] = -INFINITY;
+    __syncwarp();
+    if (t < t1) {
+      float k[kPer];
       const uint8_t* codes = P.x.k_nf4 + b * p.kc_stride[0] + t * p.kc_stride[1] + g * p.kc_stride[2];
+      const int64_t s0 = b * p.ks_stride[0] + g * p.ks_stride[1];
       const int64_t r0 = b * p.kr_stride[0] + t * p.kr_stride[1] + g * p.kr_stride[2];
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int c = lane * kPer + i;
-        float v = kcache_decode(unpack_nibble(p.nibbles, codes[c / 2], c & 1), sc[i]);
+        float v = kcache_decode(unpack_nibble(p.nibbles, codes[c / 2], c & 1),
+                                detail::load_float(P.x.k_scale, p.scale_dtype, s0 + c));
         if (p.use_residual) v = kcache_add_residual(v, detail::load_float(P.x.k_residual, p.residual_dtype, r0 + c));
-        k[u][i] = v;
+        k[i] = v;
       }
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      if (tb + u * kWarps >= t1) continue;
-      for (int h = 0; h < G; ++h) {
-        const float* qh = q_s + h * kD + lane * kPer;
+      for (int h = 0; h < nh; ++h) {
+        const uint16_t* qh = P.x.q + b * p.q_stride[0] + (g * G + h0 + h) * p.q_stride[2] + lane * kPer;
         float acc = 0.f;
 #pragma unroll
-        for (int c = 0; c < kPer; ++c) acc = fmaf(qh[c], k[u][c], acc);
+        for (int c = 0; c < kPer; ++c) acc = fmaf(decode_bf16(qh[c]), k[c], acc);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) red[warp * G + h] = nan_max(red[warp * G + h], finite_or_nan(p.softmax_scale * acc));
+        if (lane == 0) red[warp][h] = finite_or_nan(p.softmax_scale * acc);
       }
     }
+    __syncthreads();
+    if (threadIdx.x < nh) {
+      float m = -INFINITY;
+      for (int w = 0; w < kWarps; ++w) m = nan_max(m, red[w][threadIdx.x]);
+      P.bmax[(int64_t(z) * p.batch + b) * p.heads + g * G + h0 + threadIdx.x] = m;
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  for (int h = threadIdx.x; h < G; h += kThreads) {
-    float m = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) m = nan_max(m, red[w * G + h]);
-    P.bmax[(int64_t(which) * p.batch + b) * p.heads + g * G + h] = m;
+}
+
+/// Whether block kb of the tile is below the threshold of every scored head. Row h of `bits` holds
+/// head h's ballots: bs >= 4: word 0, bit kb * bs / 4 (the block's leader lane); bs < 4: word u / bs,
+/// bit l for the block starting at token 4 l + u.
+__device__ __forceinline__ bool all_heads_below(const int* bits, int nq, int bs, int kb) {
+  for (int h = 0; h < nq; ++h) {
+    const unsigned* row = reinterpret_cast<const unsigned*>(bits + h * 8);
+    bool b;
+    if (bs >= 4) {
+      b = (row[0] >> (kb * bs / 4)) & 1u;
+    } else {
+      const int t = kb * bs, l = t / 4, u = t % 4;
+      b = (row[u / bs] >> l) & 1u;
+    }
+    if (!b) return false;
   }
+  return true;
 }
 
 /// Stage 1: grid (n_splits, H_kv * head_chunks, B), kThreads threads, Smem<kD, kRes> bytes.
@@ -249,68 +130,64 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
   const int n_tiles = int((t_end - t_begin + kTile - 1) / kTile);
   const int64_t bs = p.block_size, n_blocks = p.blocks(L);
   const int nbt = P.prune ? int(kTile / bs) : 1;  // pruning blocks per tile (bs divides kTile)
+  const int bs_shift = P.prune ? __ffs(int(bs)) - 1 : 0;  // bs divides kTile = 128: a power of two
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* codes_s = smem_raw;
-  uint8_t* resid_s = codes_s + 2 * Sm::kCodes;
-  uint8_t* v_s = resid_s + 2 * Sm::kResid;
-  float* q_s = reinterpret_cast<float*>(v_s + Sm::kV);
+  uint8_t* resid_s = codes_s + Sm::kCodes;
+  uint8_t* v_s = resid_s + Sm::kResid;        // [2] buffers of Sm::kV bytes
+  float* q_s = reinterpret_cast<float*>(v_s + 2 * Sm::kV);
   float* scale_s = q_s + nq * kD;
-  float* S = scale_s + kD;
-  float* Pm = S + nq * kTile;                 // P[t][kMaxHeads]
+  float* S = scale_s + kD;                    // [2][nq][kTile]
+  float* Pm = S + 2 * nq * kTile;             // P[t][kMaxHeads]
   float* lut = Pm + kTile * kMaxHeads;        // 16
   float* alpha_s = lut + 16;                  // [kMaxHeads]
   float* m_run = alpha_s + kMaxHeads;
   float* l_run = m_run + kMaxHeads;
   float* thr_s = l_run + kMaxHeads;           // [64] (nq <= 64 when pruning)
-  int* allb_s = reinterpret_cast<int*>(thr_s + 64);  // [kTile]: block below its threshold for every head
-  int* keep_s = allb_s + kTile;               // [kTile]
-  int* misc = keep_s + kTile;                 // [0]: skipped blocks
+  int* allb_s = reinterpret_cast<int*>(thr_s + 64);  // [64][8]: ballots of blocks below each head's threshold
+  int* keep_s = allb_s + 64 * 8;              // [2][kTile]
+  int* misc = keep_s + 2 * kTile;             // [0]: skipped blocks
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const uint8_t* kc_base = P.x.k_nf4 + b * p.kc_stride[0] + g * p.kc_stride[2];
   const uint8_t* kr_base = P.x.k_residual + b * p.kr_stride[0] + g * p.kr_stride[2];
   const uint16_t* v_base = P.x.v + b * p.v_stride[0] + g * p.v_stride[2];
+  auto tile_start = [&](int tile) { return t_begin + int64_t(tile) * kTile; };
+  auto tile_len = [&](int tile) { return int(t_end - tile_start(tile) < kTile ? t_end - tile_start(tile) : kTile); };
 
-  auto load_k = [&](int tile, int buf) {
-    const int64_t t0 = t_begin + int64_t(tile) * kTile;
-    const int nt = int(t_end - t0 < kTile ? t_end - t0 : kTile);
+  // K codes and residuals of tile `tile` into the K buffer
+  auto load_k = [&](int tile) {
+    const int64_t t0 = tile_start(tile);
+    const int nt = tile_len(tile);
     constexpr int kCg = kD / 32;  // 16-byte granules of a token's codes
     for (int e = tid; e < nt * kCg; e += kThreads) {
       const int t = e / kCg, c = e % kCg;
-      cp_async16(codes_s + buf * Sm::kCodes + t * code_pitch<kD>() + 16 * c, kc_base + (t0 + t) * p.kc_stride[1] + 16 * c);
+      cp_async16(codes_s + t * code_pitch<kD>() + 16 * c, kc_base + (t0 + t) * p.kc_stride[1] + 16 * c);
     }
     if constexpr (kRes) {
       constexpr int kRg = kD / 16;
       for (int e = tid; e < nt * kRg; e += kThreads) {
         const int t = e / kRg, c = e % kRg;
-        cp_async16(resid_s + buf * Sm::kResid + t * res_pitch<kD>() + 16 * c, kr_base + (t0 + t) * p.kr_stride[1] + 16 * c);
+        cp_async16(resid_s + t * res_pitch<kD>() + 16 * c, kr_base + (t0 + t) * p.kr_stride[1] + 16 * c);
       }
     }
   };
-
-  // V rows of tile `tile` (pruning: of its kept blocks, keep_s) into the V buffer
-  auto load_v = [&](int tile) {
-    const int64_t t0 = t_begin + int64_t(tile) * kTile;
-    const int nt = int(t_end - t0 < kTile ? t_end - t0 : kTile);
+  // V rows of the kept tokens of tile `tile` into V buffer `buf` (keep flags of that buffer)
+  auto load_v = [&](int tile, int buf) {
+    const int64_t t0 = tile_start(tile);
+    const int nt = tile_len(tile);
+    const int* keep = keep_s + buf * kTile;
     constexpr int kVg = kDv / 8;  // 16-byte granules of a token's V row
     for (int e = tid; e < nt * kVg; e += kThreads) {
       const int t = e / kVg, c = e % kVg;
-      if (P.prune && !keep_s[t / int(bs)]) continue;
-      cp_async16(v_s + t * kDv * 2 + 16 * c, v_base + (t0 + t) * p.v_stride[1] + 8 * c);
+      if (P.prune && !keep[t >> bs_shift]) continue;
+      cp_async16(v_s + buf * Sm::kV + t * kDv * 2 + 16 * c, v_base + (t0 + t) * p.v_stride[1] + 8 * c);
     }
   };
 
-  // prologue: the first two K tiles in flight (without pruning V of the first tile between
-  // them: V does not wait for keep decisions), then q, the channel scales and the NF4 table.
-  // Groups, pruning: K0 K1 | per tile i: V(i) K(i+2). Without: K0 V0 K1 | per tile i: K(i+2), V(i+1).
-  load_k(0, 0);
-  cp_async_commit();
-  if (!P.prune) {
-    load_v(0);
-    cp_async_commit();
-  }
-  if (n_tiles > 1) load_k(1, 1);
+  // prologue: K of the first tile in flight, then q, the channel scales and the NF4 table
+  load_k(0);
   cp_async_commit();
   for (int e = tid; e < nq * kD; e += kThreads)
     q_s[e] = e / kD < nq_real ? decode_bf16(P.x.q[b * p.q_stride[0] + (g * G + q_first + e / kD) * p.q_stride[2] + e % kD])
@@ -330,75 +207,89 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
 #pragma unroll
     for (int c = 0; c < kCV; ++c) o[h][c] = 0.f;
 
+  // Iteration it scores tile it (K landed), decides its blocks, starts K(it + 1) and V(it), then
+  // runs softmax and P @ V of tile it - 1, whose V was started one iteration earlier. cp.async
+  // groups: K0 | per iteration: K(it + 1), V(it) (empty groups keep the count uniform).
   bool have_thr = false;
-  for (int it = 0; it < n_tiles; ++it) {
-    const int buf = it & 1;
-    const int64_t t0 = t_begin + int64_t(it) * kTile;
-    const int nt = int(t_end - t0 < kTile ? t_end - t0 : kTile);
-    if (P.prune)
-      cp_async_wait<1>();  // K(it); K(it + 1) may be in flight
-    else
-      cp_async_wait<2>();  // K(it); K(it + 1) and V(it) may be in flight
-    __syncthreads();
-    for (int h0 = 0; h0 < nq; h0 += kHG)
-      score_tile<kD, kHG, kRes>(P, codes_s + buf * Sm::kCodes, resid_s + buf * Sm::kResid, q_s, scale_s, lut, S, h0,
-                                min(kHG, nq - h0), nt);
-    if (P.prune && !have_thr) {
-      griddep_wait();  // the threshold kernel's results
-      if (tid < nq_real) {
-        const int64_t i = int64_t(b) * p.heads + g * G + q_first + tid;
-        thr_s[tid] = P.thr ? P.thr[i] : nan_max(P.bmax[i], P.bmax[int64_t(p.batch) * p.heads + i]) - p.delta;
-      }
-      have_thr = true;
-    }
-    __syncthreads();
-    // keep decisions of the tile's pruning blocks (bs divides kTile): a block is skipped when every
-    // scored head is below its threshold (the first and last blocks of the sequence are kept)
-    if (P.prune) {
-      if (tid < nbt) allb_s[tid] = 1;
+  for (int it = 0; it <= n_tiles; ++it) {
+    const int cur = it & 1, prv = cur ^ 1;
+    if (it < n_tiles) {
+      const int nt = tile_len(it);
+      const int64_t t0 = tile_start(it);
+      if (it == 0)
+        cp_async_wait<0>();
+      else
+        cp_async_wait<1>();  // K(it); V(it - 1) may be in flight
       __syncthreads();
-      const int bsi = int(bs);
-      for (int h = warp; h < nq_real; h += kThreads / 32) {
-        const float* Sh = S + h * kTile;
-        const float th = thr_s[h];
-        if (bsi >= 4) {
-          const float4 s4 = reinterpret_cast<const float4*>(Sh)[lane];
-          float m = nan_max(nan_max(s4.x, s4.y), nan_max(s4.z, s4.w));
-          for (int off = 1; off < bsi / 4; off <<= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, off));
-          if (lane % (bsi / 4) == 0 && !(m < th)) atomicAnd(&allb_s[4 * lane / bsi], 0);
-        } else {
-          for (int u = 0; u < 4; u += bsi) {
-            float m = Sh[4 * lane + u];
-            if (bsi == 2) m = nan_max(m, Sh[4 * lane + u + 1]);
-            if (!(m < th)) atomicAnd(&allb_s[(4 * lane + u) / bsi], 0);
-          }
+      float* Sc = S + cur * nq * kTile;
+      for (int h0 = 0; h0 < nq; h0 += kHG)
+        score_tile<kD, kHG, kRes>(P, codes_s, resid_s, q_s, scale_s, lut, Sc, h0, min(kHG, nq - h0), nt);
+      if (P.prune && !have_thr) {
+        griddep_wait();  // the threshold kernel's results
+        if (tid < nq_real) {
+          const int64_t i = int64_t(b) * p.heads + g * G + q_first + tid;
+          float m = -INFINITY;
+          if (!P.thr)
+            for (int z = 0; z < 2 * kThrSub; ++z) m = nan_max(m, P.bmax[int64_t(z) * p.batch * p.heads + i]);
+          thr_s[tid] = P.thr ? P.thr[i] : m - p.delta;
         }
+        have_thr = true;
       }
       __syncthreads();
-    }
-    if (tid < nbt) {
-      const int64_t start = t0 + int64_t(tid) * bs, j = start / bs;  // global block index
-      int keep = 1;
-      if (start >= t_end) {
-        keep = 0;  // past the sequence: not a block of it
-      } else if (P.prune && j > 0 && j + 1 < n_blocks && allb_s[tid]) {
-        keep = 0;
-        atomicAdd(misc, 1);
+      // keep decisions of the tile's pruning blocks (bs divides kTile): a block is skipped when
+      // every scored head is below its threshold (the first and last blocks are always kept)
+      int* keep = keep_s + cur * kTile;
+      if (P.prune) {  // per scored head h: ballots of the tile's blocks below its threshold, row h of allb_s
+        const int bsi = int(bs);
+        for (int h = warp; h < nq_real; h += kThreads / 32) {
+          const float* Sh = Sc + h * kTile;
+          const float th = thr_s[h];
+          unsigned below = 0;  // bs >= 4: bit = the leader lane (kb * bs / 4) of each block below
+          if (bsi >= 4) {
+            const float4 s4 = reinterpret_cast<const float4*>(Sh)[lane];
+            float m = nan_max(nan_max(s4.x, s4.y), nan_max(s4.z, s4.w));
+            for (int off = 1; off < bsi / 4; off <<= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, off));
+            below = __ballot_sync(0xffffffffu, m < th && lane % (bsi / 4) == 0);  // bit = leader lane
+          } else {
+            for (int u = 0; u < 4; u += bsi) {
+              float m = Sh[4 * lane + u];
+              if (bsi == 2) m = nan_max(m, Sh[4 * lane + u + 1]);
+              const unsigned bl = __ballot_sync(0xffffffffu, m < th);
+              if (lane == 0) allb_s[h * 8 + u / bsi] = int(bl);  // bit l: block (4 l + u) / bsi
+            }
+          }
+          if (bsi >= 4 && lane == 0) allb_s[h * 8] = int(below);
+        }
+        __syncthreads();
       }
-      keep_s[tid] = keep;
-    }
-    __syncthreads();
-    // V rows of the kept tokens (pruning), then K of tile it + 2 into the buffer just scored
-    if (P.prune) {
-      load_v(it);
+      if (tid < nbt) {
+        const int64_t start = t0 + int64_t(tid) * bs, j = start / bs;  // global block index
+        int k = 1;
+        if (start >= t_end) {
+          k = 0;  // past the sequence: not a block of it
+        } else if (P.prune && j > 0 && j + 1 < n_blocks && all_heads_below(allb_s, nq_real, int(bs), tid)) {
+          k = 0;
+          atomicAdd(misc, 1);
+        }
+        keep[tid] = k;
+      }
+      __syncthreads();
+      if (it + 1 < n_tiles) load_k(it + 1);  // the K buffer is free: every thread has scored
+      cp_async_commit();
+      load_v(it, cur);
+      cp_async_commit();
+    } else {
+      cp_async_commit();
       cp_async_commit();
     }
-    if (it + 2 < n_tiles) load_k(it + 2, buf);
-    cp_async_commit();
-    // online softmax: warp w for own head w (P = 0 for padding heads, skipped and absent tokens)
+    if (it == 0) continue;
+    // tile j = it - 1: online softmax (warp w for own head w; P = 0 for padding heads, skipped
+    // and absent tokens), then P @ V
+    const int j = it - 1, ntj = tile_len(j);
+    const int* keep = keep_s + prv * kTile;
     if (warp < kHG) {
       const bool real = warp < n_own;
-      const float* Sh = S + (own_in_q + (real ? warp : 0)) * kTile;
+      const float* Sh = S + prv * nq * kTile + (own_in_q + (real ? warp : 0)) * kTile;
       const float4 sv = reinterpret_cast<const float4*>(Sh)[lane];
       const float sl[4] = {sv.x, sv.y, sv.z, sv.w};
       float s4[4];
@@ -406,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int t = 4 * lane + u;
-        const bool kept = t < nt && (!P.prune || keep_s[t / int(bs)]);
+        const bool kept = t < ntj && (!P.prune || keep[t >> bs_shift]);
         s4[u] = kept ? sl[u] : -INFINITY;
         mt = nan_max(mt, s4[u]);
       }
@@ -430,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
         l_run[warp] = l_run[warp] * alpha + ls;
       }
     }
-    cp_async_wait<1>();  // V(it) (and K(it + 1)); K(it + 2) may be in flight
+    cp_async_wait<2>();  // V(j); K(it + 1) and V(it) may be in flight
     __syncthreads();
     // P @ V: warp w over tokens [16 w, 16 w + 16), lane over channels [kCV lane, kCV lane + kCV)
     {
@@ -440,12 +331,13 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
 #pragma unroll
         for (int c = 0; c < kCV; ++c) o[h][c] *= a;
       }
+      const uint8_t* vb = v_s + prv * Sm::kV;
 #pragma unroll 2
       for (int u = 0; u < 16; ++u) {
         const int t = 16 * warp + u;
-        if (t >= nt || (P.prune && !keep_s[t / int(bs)])) continue;
+        if (t >= ntj || (P.prune && !keep[t >> bs_shift])) continue;
         float v[kCV];
-        const uint16_t* vr = reinterpret_cast<const uint16_t*>(v_s + t * kDv * 2) + kCV * lane;
+        const uint16_t* vr = reinterpret_cast<const uint16_t*>(vb + t * kDv * 2) + kCV * lane;
         if constexpr (kCV == 2) {
           const uint32_t w = *reinterpret_cast<const uint32_t*>(vr);
           v[0] = __uint_as_float(w << 16);
@@ -470,14 +362,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
       }
     }
     __syncthreads();
-    if (!P.prune) {  // V of the next tile: the buffer is free now
-      if (it + 1 < n_tiles) load_v(it + 1);
-      cp_async_commit();
-    }
   }
   cp_async_wait<0>();
   __syncthreads();
-  // reduce o over the 8 warps (through the V buffer: 8 * kHG * Dv floats <= 128 * Dv bf16)
+  // reduce o over the 8 warps (through a V buffer: 8 * kHG * Dv floats <= 128 * Dv bf16)
   float* red = reinterpret_cast<float*>(v_s);
 #pragma unroll
   for (int h = 0; h < kHG; ++h)
@@ -550,8 +438,8 @@ cudaError_t launch(Params P, cudaStream_t st, int device) {
   P.split_tiles = int(per < 1 ? 1 : per);
   P.n_splits = int((tiles + P.split_tiles - 1) / P.split_tiles);
   if (P.n_splits < 1) P.n_splits = 1;
-  // workspace: bmax [2, B, H_q], part [B, H_q, n_splits, 2 + Dv], skipped [B, H_kv, n_splits]
-  const size_t bmax_b = size_t(2 * p.batch * p.heads) * 4;
+  // workspace: bmax [2 kThrSub, B, H_q], part [B, H_q, n_splits, 2 + Dv], skipped [B, H_kv, n_splits]
+  const size_t bmax_b = size_t(2 * kThrSub * p.batch * p.heads) * 4;
   const size_t part_b = size_t(p.batch * p.heads) * size_t(P.n_splits) * (2 + kD) * 4;
   const size_t skip_b = size_t(p.batch * p.heads_kv) * size_t(P.n_splits) * 4;
   cudaMemPool_t pool;
@@ -567,14 +455,8 @@ cudaError_t launch(Params P, cudaStream_t st, int device) {
   if (P.prune && !p.has_threshold) {
     // the split kernel may start while the threshold kernel runs (it waits before its first
     // decision); its other inputs were written before the threshold kernel started
-    const int G = int(p.heads / p.heads_kv);
-    const size_t tsmem = size_t(G) * (kD + kThreads / 32) * 4;
-    static std::atomic<uint64_t> opted_thr{0};
-    e = opt_in_smem(threshold_kernel<kD>, int(tsmem), device, opted_thr);
-    if (e == cudaSuccess) {
-      threshold_kernel<kD><<<dim3(unsigned(p.heads_kv), unsigned(p.batch), 2), kThreads, tsmem, st>>>(P);
-      e = cudaGetLastError();
-    }
+    threshold_kernel<kD><<<dim3(unsigned(p.heads_kv), unsigned(p.batch), 2 * kThrSub), kThreads, 0, st>>>(P);
+    e = cudaGetLastError();
     if (e == cudaSuccess) e = launch_pdl(kern, grid, dim3(kThreads), smem, st, P);
   } else {
     kern<<<grid, kThreads, smem, st>>>(P);

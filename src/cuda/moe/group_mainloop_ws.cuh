@@ -17,7 +17,7 @@ namespace {
 /// in the K loop) and split each stage into kBatches batches: batch b + 1 is decoded while the wgmma of
 /// batch b runs. Prims: the TMA load and mbarrier wait (LocalPrims or CutlassPrims,
 /// sm90_gemm_common.cuh).
-template <int kTileN, int kStages, int kBatches, class Prims = LocalPrims>
+template <int kTileN, int kStages, int kBatches, class Prims = DefaultPrims>
 __global__ void __launch_bounds__(288, 2)
     group_gemm_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a, GroupArgs A) {
   constexpr int kTileK = 256;

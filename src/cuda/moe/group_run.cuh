@@ -37,7 +37,7 @@ __global__ void group_finalize_kernel(GroupArgs A) {
 }
 
 /// The warp-specialized kernel (packed weights, kTileK = 256) with the primitive policy Prims.
-template <int kTileN, int kStages, int kBatches, class Prims = LocalPrims>
+template <int kTileN, int kStages, int kBatches, class Prims = DefaultPrims>
 cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
   constexpr int kStageBytes = (kTileN * 256 * 2 + StageShape<256>::kWBytes + kRows * 8 + 1023) / 1024 * 1024;
   constexpr int smem = kStages * kStageBytes + 1024;
@@ -73,7 +73,7 @@ void pick_tile(int64_t rows_bound, int64_t G, int* NT, int* KT) {
 /// Runs the grouped GEMM of `a` (act already in place, a.NT / a.KT from pick_tile): split-K and
 /// the finalize. Prims: the warp-specialized kernel's primitive policy (the library runs the
 /// default; bench/dev/gemm_prims_ab.cu runs both).
-template <class Prims = LocalPrims>
+template <class Prims = DefaultPrims>
 cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaStream_t st) {
   int dev = 0;
   cudaGetDevice(&dev);
