@@ -1,7 +1,7 @@
 // lowbit::kproj_rope_nf4_encode and lowbit::nf4_kcache_append on the GPU against the CPU
 // reference (the same API on host buffers). Encode: the rotated keys equal the reference's (the
-// fp64 projection sums are the reference's; the device's fp64 cos / sin / pow may move a key by
-// one fp32 ulp, rarely) and the cache is bit for bit nf4_kcache_quantize of the GPU's keys.
+// fp64 projection sums and the frequencies are the reference's; the device's fp64 cos / sin may
+// move a key by one fp32 ulp, very rarely) and the cache is bit for bit nf4_kcache_quantize of the GPU's keys.
 // Append: bit for bit the reference, rescaled channels included. Outputs are poisoned with 0xFF
 // bytes first. The full sweep lives in tests/python/test_decode_attention_gpu.py.
 #include <cuda_runtime.h>

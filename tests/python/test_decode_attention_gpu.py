@@ -142,8 +142,8 @@ def _ulp_diff(a, b):
 @pytest.mark.parametrize("nibbles", NIBBLES)
 def test_gpu_encode_matches_cpu(case, residual, nibbles):
     """The fused encode on the GPU against the CPU reference: the rotated keys equal (the fp64
-    projection sums are the reference's; only the device's fp64 cos / sin / pow may move a key by
-    one fp32 ulp, rarely), and the cache bit for bit nf4_kcache_quantize of the GPU's keys (so
+    projection sums and the frequencies are the reference's; only the device's fp64 cos / sin may
+    move a key by one fp32 ulp, very rarely), and the cache bit for bit nf4_kcache_quantize of the GPU's keys (so
     equal to the CPU's cache wherever the keys are). Outputs come from the poisoned allocator."""
     torch = _torch()
     B, T, E, HK, D, dt, pdt, theta = case

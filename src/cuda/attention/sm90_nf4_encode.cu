@@ -8,9 +8,10 @@
 //      (NOT tensor cores) whose products and sums are fp64: a product of two fp32-exact values is
 //      exact in fp64, so the FMA equals the reference's multiply-then-add, and each output sums
 //      over hidden in the reference's order (0, 1, 2, ...): the fp32-rounded projection is bit for
-//      bit the reference's. RoPE in fp64 as the reference (pow, sin, cos from the CUDA math
+//      bit the reference's. RoPE in fp64 as the reference: the frequencies from the host's
+//      std::pow (D <= 512; the angles are then the reference's), cos and sin from the CUDA math
 //      library, which may differ from the host's libm in the last fp64 bit: a key can then differ
-//      by one fp32 ulp, rarely). The rotated fp32 keys go to k_out (or pool scratch), and each
+//      by one fp32 ulp, very rarely. The rotated fp32 keys go to k_out (or pool scratch), and each
 //      column's finite amax over the tile's rows of one sequence is folded into the scale with
 //      atomicMax on the fp32 bits (the scale IS the amax, bits included);
 //   3. encode: one thread per 16 channels of a (b, t, h) (16-byte loads / stores) when the cache
@@ -62,8 +63,14 @@ static_assert(kBK * (kAS + kBS) * 8 <= kSmemBytes, "stages fit the amax tile's b
 
 bool aligned(const void* p, int64_t a) { return reinterpret_cast<uintptr_t>(p) % uint64_t(a) == 0; }
 
+constexpr int kMaxHostFreq = 256;  ///< D/2 up to this: the rotary frequencies come from the host
+
 struct ProjParams {
   KprojRopePlan p;
+  /// f_c = rope_theta^(-2c / D) computed on the host with std::pow, as the reference computes
+  /// them (so the angles are the reference's), when D/2 <= kMaxHostFreq; else on the device
+  double inv_freq[kMaxHostFreq];
+  bool host_freq = false;
   float* k = nullptr;   ///< rotated keys [B, T, H, D] (k_out or scratch), last dimension contiguous
   int64_t ks[3] = {};   ///< element strides of k
   int64_t M = 0;        ///< B * T rows
@@ -101,10 +108,10 @@ __global__ void __launch_bounds__(kThreads) kproj_rope_amax(const ProjParams q) 
     const int col = tid - kBM, j = col / kBP;
     const int64_t pp = p0 + col % kBP, h = pp / q.half, c = pp - h * q.half;
     col_w[col] = pp < q.P ? (h * 2 * q.half + c + j * q.half) * p.w_stride[0] : -1;
-  } else if (tid < kBM + 2 * kBP + kBP) {  // f_c = rope_theta^(-2c / D), as the reference
+  } else if (tid < kBM + 2 * kBP + kBP) {  // f_c = rope_theta^(-2c / D) of the tile's pairs
     const int i = tid - kBM - 2 * kBP;
     const int64_t c = (p0 + i) % q.half;
-    inv_freq[i] = pow(p.rope_theta, -double(2 * c) / double(p.head_dim));
+    inv_freq[i] = q.host_freq ? q.inv_freq[c] : pow(p.rope_theta, -double(2 * c) / double(p.head_dim));
   }
   __syncthreads();
 
@@ -436,6 +443,9 @@ int kproj_rope_nf4_encode(const detail::KprojRopePlan& plan, void* stream) {
   q.M = B * T;
   q.half = D / 2;
   q.P = H * q.half;
+  q.host_freq = q.half <= kMaxHostFreq;
+  for (int64_t c = 0; q.host_freq && c < q.half; ++c)  // the reference's expression, the host's pow
+    q.inv_freq[c] = std::pow(plan.rope_theta, -double(2 * c) / double(D));
   const int64_t m_tiles = (q.M + kBM - 1) / kBM, p_tiles = (q.P + kBP - 1) / kBP;
   if (m_tiles > INT32_MAX || p_tiles > 65535) return cudaErrorInvalidConfiguration;
   void* own = nullptr;
