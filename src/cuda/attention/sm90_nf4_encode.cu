@@ -45,6 +45,7 @@
 
 namespace lowbit::cuda {
 namespace kenc {
+namespace {
 
 using detail::KCacheAppendPlan;
 using detail::KCachePlan;
@@ -77,6 +78,8 @@ struct ProjParams {
   int64_t P = 0;        ///< H * D / 2 pairs
   int64_t half = 0;     ///< D / 2
 };
+
+static_assert(sizeof(ProjParams) <= 4000, "the projection's parameters fit the 4 KiB kernel parameter space");
 
 __global__ void kc_zero_scale(const KCachePlan p) {
   const int64_t n = p.B * p.H * p.D;
@@ -382,16 +385,20 @@ __device__ __forceinline__ uint8_t set_nibble(NibbleOrder o, uint8_t byte, int w
   return uint8_t((byte & ~(0xF << shift)) | ((code & 0xF) << shift));
 }
 
-/// Code of x under scale s; its residual stored at *res (the kcache.hpp rule).
-__device__ __forceinline__ uint32_t put(float x, float s, uint8_t* res, DType rt) {
-  const uint32_t code = kcache_code(x, s);
-  const float r = kcache_residual(x, nf4_value(uint8_t(code)), s);
-  *res = rt == DType::kE5M2 ? encode_e5m2(r, kcache_residual_saturate(x)) : encode_e4m3(r, kcache_residual_saturate(x));
+/// Code of x under scale s; its residual stored at *res (the kcache.hpp rule; the hardware FP8
+/// encoders with their fix-ups equal encode_e5m2 / encode_e4m3 in both saturation modes).
+__device__ __forceinline__ uint32_t put(float x, float s, uint8_t* res, DType rt, const float* thr, const float* cb) {
+  const uint32_t code = kcache_code(x, s, SmemNF4Encode{thr});
+  const float r = kcache_residual(x, cb[code], s);
+  const Saturate sat = kcache_residual_saturate(x);
+  *res = uint8_t(rt == DType::kE5M2 ? dev::enc_fp8x2<true>(r, 0.0f, sat) : dev::enc_fp8x2<false>(r, 0.0f, sat));
   return code;
 }
 
 // CTAs over items (b, h, token chunk) of [0, len + N); threads over (token, channel pair)
 __global__ void __launch_bounds__(kThreads) append_tokens(const AppendParams a) {
+  __shared__ float thr[16], cb[16];
+  stage_nf4(thr, cb);
   const KCachePlan& p = a.c;
   const int64_t D2 = p.D / 2, items = p.B * p.H * a.n_chunks;
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
@@ -409,28 +416,30 @@ __global__ void __launch_bounds__(kThreads) append_tokens(const AppendParams a) 
       uint8_t* rp = p.residual + b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3];
       if (t >= len) {  // new token t - len, encoded with the final scale
         const int64_t ko = b * p.k_s[0] + (t - len) * p.k_s[1] + h * p.k_s[2] + d * p.k_s[3];
-        const uint32_t c0 = put(load_float(p.k, p.k_dtype, ko), s_fin[0], rp, p.r_dtype);
-        const uint32_t c1 = put(load_float(p.k, p.k_dtype, ko + p.k_s[3]), s_fin[1], rp + p.r_s[3], p.r_dtype);
+        const uint32_t c0 = put(load_float(p.k, p.k_dtype, ko), s_fin[0], rp, p.r_dtype, thr, cb);
+        const uint32_t c1 = put(load_float(p.k, p.k_dtype, ko + p.k_s[3]), s_fin[1], rp + p.r_s[3], p.r_dtype, thr, cb);
         *cp = pack_nibbles(p.order, uint8_t(c0), uint8_t(c1));
         continue;
       }
+      // a cached token: the rescaled channels of the pair (their stored bits changed) rewritten
       const float* so = a.old_scale + bh * p.D + d;
+      const bool re[2] = {float_bits(so[0]) != float_bits(s_fin[0]), float_bits(so[1]) != float_bits(s_fin[1])};
+      if (!re[0] && !re[1]) continue;
       uint8_t byte = *cp;
-      bool any = false;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        if (float_bits(so[j]) == float_bits(s_fin[j])) continue;  // not rescaled
+        if (!re[j]) continue;
         uint8_t* r = rp + j * p.r_s[3];
         const float rv = p.r_dtype == DType::kE5M2 ? decode_e5m2(*r) : decode_e4m3(*r);
         const float x = kcache_decode(unpack_nibble(p.order, byte, j), so[j], rv);
-        byte = set_nibble(p.order, byte, j, put(x, s_fin[j], r, p.r_dtype));
-        any = true;
+        byte = set_nibble(p.order, byte, j, put(x, s_fin[j], r, p.r_dtype, thr, cb));
       }
-      if (any) *cp = byte;
+      *cp = byte;
     }
   }
 }
 
+}  // namespace
 }  // namespace kenc
 
 int kproj_rope_nf4_encode(const detail::KprojRopePlan& plan, void* stream) {
