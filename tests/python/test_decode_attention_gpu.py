@@ -258,3 +258,19 @@ def test_gpu_torch_ops():
     q, c, s, r, v = t_cache(2, 100, 8, 2, 64, 64, seed=1)
     out, ratio = call_or_xfail(torch.ops.lowbit.attn_forward_decode_nf4, q, c, s, r, v, None, None, 16, 16, math.inf)
     assert out.shape == (2, 8, 64) and ratio.shape == (2, 2)
+    # the cache writers through the torch ops: the CPU reference's bytes
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn((2, 50, 64), generator=g).to(torch.bfloat16)
+    w = (torch.randn((2 * 64, 64), generator=g) / 8).to(torch.bfloat16)
+    pos = torch.arange(50, dtype=torch.int64).expand(2, 50).contiguous()
+    got = call_or_xfail(torch.ops.lowbit.kproj_rope_nf4_encode, x.cuda(), w.cuda(), pos.cuda(), 64)
+    want = torch.ops.lowbit.kproj_rope_nf4_encode(x, w, pos, 64)
+    assert all(a.shape == b.shape and a.dtype == b.dtype and a.is_cuda for a, b in zip(got, want))
+    assert _ulp_diff(got[1].cpu(), want[1]).max().item() <= 1  # scales: amax of the same keys
+    new = torch.randn((2, 1, 2, 64), generator=g) * 4
+    lens = torch.tensor([10, 49], dtype=torch.int32)
+    c, s, r = (t.cpu() for t in got)  # host copies of the GPU's cache, appended to by the CPU reference
+    call_or_xfail(torch.ops.lowbit.nf4_kcache_append, new.cuda(), *got, lens.cuda())
+    torch.ops.lowbit.nf4_kcache_append(new, c, s, r, lens)
+    assert torch.equal(got[0].cpu(), c) and torch.equal(got[1].cpu(), s)
+    assert torch.equal(got[2].cpu().view(torch.uint8), r.view(torch.uint8))
