@@ -154,6 +154,12 @@ class Bench:
             anchor = "torch_mm_bf16"
             anchor_t = self.time(lambda: torch.matmul(xx, ww.t()))
             split = kernel_split(fn)
+        if not self.cpu and not split:  # no profiler: the encode passes bounded by a quantize of the keys
+            tq = self.time(lambda: lowbit.nf4_kcache_quantize(k))
+            share = max(0.0, 1.0 - tq.median_us / t.median_us)
+            note += (f"; no profiler: nf4_kcache_quantize of the keys (zero + amax + encode passes) takes "
+                     f"{tq.median_us:.0f} us, so the GEMM is >= {100 * share:.0f}% of the op and "
+                     f"{'dominates' if share > 0.5 else 'does not dominate'}")
         if split:
             tot = sum(split.values())
             gemm = sum(v for k_, v in split.items() if "kproj_rope_amax" in k_)
