@@ -123,20 +123,31 @@ __global__ void __launch_bounds__(kThreads) kproj_rope_amax(const ProjParams q) 
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) acc[r][j][0] = acc[r][j][1] = 0.0;
-  for (int64_t k0 = 0; k0 < p.hidden; k0 += kBK) {
-    const int64_t kk = k0 + tx;  // this thread stages hidden element kk of rows ty + 16 l
+  // this thread stages hidden element k0 + tx of rows ty + 16 l and columns ty + 16 l; the next
+  // stage's loads are issued before the current stage's products (registers, then shared)
+  float xr[kRows], wr[2 * kBP / 16];
+  auto fetch = [&](int64_t k0) {
+    const int64_t kk = k0 + tx;
     const bool kin = kk < p.hidden;
 #pragma unroll
     for (int l = 0; l < kRows; ++l) {
       const int64_t xo = row_x[ty + 16 * l];
-      As[tx][ty + 16 * l] = kin && xo >= 0 ? double(load_float(p.x, p.x_dtype, xo + kk * p.x_stride[2])) : 0.0;
+      xr[l] = kin && xo >= 0 ? load_float(p.x, p.x_dtype, xo + kk * p.x_stride[2]) : 0.0f;
     }
 #pragma unroll
     for (int l = 0; l < 2 * kBP / 16; ++l) {
       const int64_t wo = col_w[ty + 16 * l];
-      Bs[tx][ty + 16 * l] = kin && wo >= 0 ? double(load_float(p.w, p.w_dtype, wo + kk * p.w_stride[1])) : 0.0;
+      wr[l] = kin && wo >= 0 ? load_float(p.w, p.w_dtype, wo + kk * p.w_stride[1]) : 0.0f;
     }
+  };
+  if (p.hidden > 0) fetch(0);
+  for (int64_t k0 = 0; k0 < p.hidden; k0 += kBK) {
+#pragma unroll
+    for (int l = 0; l < kRows; ++l) As[tx][ty + 16 * l] = double(xr[l]);
+#pragma unroll
+    for (int l = 0; l < 2 * kBP / 16; ++l) Bs[tx][ty + 16 * l] = double(wr[l]);
     __syncthreads();
+    if (k0 + kBK < p.hidden) fetch(k0 + kBK);
 #pragma unroll
     for (int i = 0; i < kBK; ++i) {
       double a[kRows], lo[kPairs], hi[kPairs];
