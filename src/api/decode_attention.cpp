@@ -213,7 +213,8 @@ void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const Ten
   for (int i = 0; i < 3; ++i) kc.s_s[i] = k_scale.strides[i];
   kc.order = args.nibbles;
   if (c.dev != Device::kCPU) {
-    run_on_device<Kernels::kSm90Gemm>(c, [&] { return B > 0 && T > 0 ? cuda::kproj_rope_nf4_encode(p, stream.handle) : 0; });
+    run_on_device<Kernels::kSm90Gemm>(
+        c, [&] { return B > 0 && T > 0 ? cuda::kproj_rope_nf4_encode(p, stream.handle) : 0; });
     return;
   }
   if (B > 0 && T > 0) ref::kproj_rope_nf4_encode(p);
@@ -264,7 +265,8 @@ void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const T
     check_lengths(c, lens, "lengths", B, 0, T - N);
     p.lengths = lens.data();
     p.lengths_device = lengths.ptr<const int32_t>();
-    run_on_device<Kernels::kSm90Gemm>(c, [&] { return B > 0 && N > 0 ? cuda::nf4_kcache_append(p, stream.handle) : 0; });
+    run_on_device<Kernels::kSm90Gemm>(
+        c, [&] { return B > 0 && N > 0 ? cuda::nf4_kcache_append(p, stream.handle) : 0; });
     return;
   }
   const std::vector<int32_t> lens = host_lengths(c, lengths, "lengths", B, 0, T - N);

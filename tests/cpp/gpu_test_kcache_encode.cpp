@@ -37,6 +37,11 @@ TensorView dev_view(void* p, DType t, std::initializer_list<int64_t> dims) {
   return TensorView(p, t, dims, Device::kCUDA, 0);
 }
 
+template <typename T>
+TensorView hv(std::vector<T>& v, DType t, std::initializer_list<int64_t> dims) {
+  return TensorView(v.data(), t, dims);
+}
+
 uint32_t bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -70,10 +75,10 @@ TEST_P(GpuKprojEncode, MatchesCpuReference) {
   // the CPU reference
   std::vector<uint8_t> c_ref(nc), r_ref(nk);
   std::vector<float> s_ref(ns), k_ref(nk);
-  kproj_rope_nf4_encode(TensorView(x.data(), DType::kFloat32, {B, T, E}), TensorView(w.data(), DType::kFloat32, {H * D, E}),
-                        TensorView(pos.data(), DType::kInt32, {B, T}), D, TensorView(c_ref.data(), DType::kUInt8, {B, T, H, D / 2}),
-                        TensorView(s_ref.data(), DType::kFloat32, {B, H, D}), TensorView(r_ref.data(), s.r_dtype, {B, T, H, D}),
-                        TensorView(k_ref.data(), DType::kFloat32, {B, T, H, D}), a);
+  kproj_rope_nf4_encode(hv(x, DType::kFloat32, {B, T, E}), hv(w, DType::kFloat32, {H * D, E}),
+                        hv(pos, DType::kInt32, {B, T}), D, hv(c_ref, DType::kUInt8, {B, T, H, D / 2}),
+                        hv(s_ref, DType::kFloat32, {B, H, D}), hv(r_ref, s.r_dtype, {B, T, H, D}),
+                        hv(k_ref, DType::kFloat32, {B, T, H, D}), a);
   // the GPU, outputs poisoned
   Dev<float> dx(x), dw(w), dk(nk), ds(ns);
   Dev<int32_t> dp(pos);
@@ -101,8 +106,8 @@ TEST_P(GpuKprojEncode, MatchesCpuReference) {
   std::vector<uint8_t> c_q(nc), r_q(nk);
   std::vector<float> s_q(ns);
   std::vector<float> kk = k;
-  nf4_kcache_quantize(TensorView(kk.data(), DType::kFloat32, {B, T, H, D}), TensorView(c_q.data(), DType::kUInt8, {B, T, H, D / 2}),
-                      TensorView(s_q.data(), DType::kFloat32, {B, H, D}), TensorView(r_q.data(), s.r_dtype, {B, T, H, D}),
+  nf4_kcache_quantize(hv(kk, DType::kFloat32, {B, T, H, D}), hv(c_q, DType::kUInt8, {B, T, H, D / 2}),
+                      hv(s_q, DType::kFloat32, {B, H, D}), hv(r_q, s.r_dtype, {B, T, H, D}),
                       s.order);
   for (size_t i = 0; i < ns; ++i) ASSERT_EQ(bits(sc[i]), bits(s_q[i])) << "scale " << i;
   EXPECT_EQ(codes, c_q);
@@ -137,15 +142,16 @@ TEST_P(GpuKcacheAppend, MatchesCpuReferenceBitForBit) {
   std::normal_distribution<float> n(0.0f, 1.0f);
   // a cache holding lengths[b] tokens (sequence 0 full, 1 empty), garbage past them
   std::vector<int32_t> lens(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) lens[size_t(b)] = b == 0 ? int32_t(T - N) : b == 1 ? 0 : int32_t(rng() % uint32_t(T - N + 1));
+  for (int64_t b = 0; b < B; ++b)
+    lens[size_t(b)] = b == 0 ? int32_t(T - N) : b == 1 ? 0 : int32_t(rng() % uint32_t(T - N + 1));
   std::vector<float> k(size_t(B * T * H * D));
   for (auto& v : k) v = n(rng);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = int64_t(lens[size_t(b)]) * H * D; i < T * H * D; ++i) k[size_t(b * T * H * D + i)] = 0.0f;
   std::vector<uint8_t> codes(size_t(B * T * H * D / 2)), res(size_t(B * T * H * D));
   std::vector<float> scale(size_t(B * H * D));
-  nf4_kcache_quantize(TensorView(k.data(), DType::kFloat32, {B, T, H, D}), TensorView(codes.data(), DType::kUInt8, {B, T, H, D / 2}),
-                      TensorView(scale.data(), DType::kFloat32, {B, H, D}), TensorView(res.data(), s.r_dtype, {B, T, H, D}),
+  nf4_kcache_quantize(hv(k, DType::kFloat32, {B, T, H, D}), hv(codes, DType::kUInt8, {B, T, H, D / 2}),
+                      hv(scale, DType::kFloat32, {B, H, D}), hv(res, s.r_dtype, {B, T, H, D}),
                       s.order);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t L = lens[size_t(b)];
@@ -172,9 +178,9 @@ TEST_P(GpuKcacheAppend, MatchesCpuReferenceBitForBit) {
                     dev_view(dl.p, DType::kInt32, {B}), s.order);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> s_before = scale;
-  nf4_kcache_append(TensorView(kn.data(), DType::kFloat32, {B, N, H, D}), TensorView(codes.data(), DType::kUInt8, {B, T, H, D / 2}),
-                    TensorView(scale.data(), DType::kFloat32, {B, H, D}), TensorView(res.data(), s.r_dtype, {B, T, H, D}),
-                    TensorView(lens.data(), DType::kInt32, {B}), s.order);
+  nf4_kcache_append(hv(kn, DType::kFloat32, {B, N, H, D}), hv(codes, DType::kUInt8, {B, T, H, D / 2}),
+                    hv(scale, DType::kFloat32, {B, H, D}), hv(res, s.r_dtype, {B, T, H, D}),
+                    hv(lens, DType::kInt32, {B}), s.order);
   bool rescaled = false;
   for (size_t i = 0; i < scale.size(); ++i) rescaled |= scale[i] > s_before[i];
   EXPECT_TRUE(rescaled);

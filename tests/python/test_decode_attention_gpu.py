@@ -142,9 +142,10 @@ def _ulp_diff(a, b):
 @pytest.mark.parametrize("nibbles", NIBBLES)
 def test_gpu_encode_matches_cpu(case, residual, nibbles):
     """The fused encode on the GPU against the CPU reference: the rotated keys equal (the fp64
-    projection sums and the frequencies are the reference's; only the device's fp64 cos / sin may
-    move a key by one fp32 ulp, very rarely), and the cache bit for bit nf4_kcache_quantize of the GPU's keys (so
-    equal to the CPU's cache wherever the keys are). Outputs come from the poisoned allocator."""
+    projection sums and the frequencies are the reference's; only the device's fp64 cos / sin
+    may move a key by one fp32 ulp, very rarely), and the cache bit for bit nf4_kcache_quantize
+    of the GPU's keys (so equal to the CPU's cache wherever the keys are). Outputs come from the
+    poisoned allocator."""
     torch = _torch()
     B, T, E, HK, D, dt, pdt, theta = case
     g = torch.Generator().manual_seed(B * 1000 + T + D)
@@ -183,7 +184,8 @@ def _append_inputs(B, T, HK, D, N, dt, residual, nibbles, seed):
     (one NaN and one Inf key among them)."""
     torch = _torch()
     g = torch.Generator().manual_seed(seed)
-    lens = [(T - N) if b == 0 else (0 if b == 1 else int(torch.randint(0, T - N + 1, (1,), generator=g))) for b in range(B)]
+    lens = [T - N, 0] + [int(torch.randint(0, T - N + 1, (1,), generator=g)) for _ in range(B - 2)]
+    lens = lens[:B]
     k = torch.randn((B, T, HK, D), generator=g)
     c, s, r = lowbit.nf4_kcache_quantize(k, residual_dtype=residual, nibble_order=nibbles)
     for b, L in enumerate(lens):  # each sequence quantized over its stored tokens, garbage past them
