@@ -29,6 +29,9 @@
 //
 // Exact arithmetic: this file is compiled with -fmad=false --ftz=false --prec-div=true (see
 // CMakeLists.txt), so x / s and x - nf4 * s are the IEEE fp32 operations of the reference.
+// tests/cpp/emu also compiles this file for the CPU (host emulation against the reference): keep
+// the launches in the kernel<<<grid, block, smem, stream>>>(args) form and the CUDA use within
+// the shims there.
 #include <cuda_runtime.h>
 
 #include <cmath>
