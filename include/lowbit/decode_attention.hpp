@@ -1,8 +1,8 @@
 // lowbit/decode_attention.hpp: decode attention over an NF4 + FP8-residual K cache with block
 // pruning, the fused K projection + RoPE + NF4 encode that fills the cache, and the append of
 // decode tokens to it (C++ API; docs/decode_attention.md). CPU tensors run the fp64 reference in
-// src/ref/ref_decode_attention.cpp; CUDA tensors throw NotSupportedError until the sm_90a kernels
-// exist (never a silent fallback).
+// src/ref/ref_decode_attention.cpp and src/ref/ref_kcache_encode.cpp; CUDA tensors run the sm_90a
+// kernels (CUDA + CUTLASS builds; otherwise NotSupportedError, never a silent fallback).
 //
 // The K cache (the element rule of lowbit/kcache.hpp, the layout of nf4_kcache_quantize):
 //   k_nf4      [B, T, H_kv, D/2] uint8: two NF4 codes per byte along D; element 2i in the low
@@ -81,7 +81,10 @@ struct KprojRopeArgs {
 /// layout) of the same dtypes; positions int32 / int64 [B, T]; outputs k_nf4 [B, T, H_kv, D/2]
 /// uint8, k_scale [B, H_kv, D] float32, k_residual [B, T, H_kv, D] float8_e5m2 / e4m3fn, and
 /// optionally k_out [B, T, H_kv, D] float32 (the rotated keys before the encode). D even;
-/// H_kv is w_k.shape[0] / D, so D is given: head_dim.
+/// H_kv is w_k.shape[0] / D, so D is given: head_dim. CUDA: the projection sums in fp64 in the
+/// reference's order (bit-identical), the frequencies are the host's std::pow (D <= 512); the
+/// fp64 cos / sin of the device math library may move a rotated key by one fp32 ulp from the
+/// host's (very rarely); the cache is exactly nf4_kcache_quantize of the device's keys.
 void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const TensorView& positions,
                            int64_t head_dim, const TensorView& k_nf4, const TensorView& k_scale,
                            const TensorView& k_residual, const TensorView& k_out, const KprojRopeArgs& args = {},
@@ -97,7 +100,9 @@ void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const Ten
 /// So the scale stays the finite amax of every token written, and every token decodes within
 /// one FP8 rounding of its residual (a rescaled token: of each re-encode) of its value.
 /// Tokens at or beyond lengths[b] + N are not touched. k_new [B, N, H_kv, D] float32 / float16
-/// / bfloat16; lengths int32 [B] (each in 0..T-N); k_scale float32.
+/// / bfloat16; lengths int32 [B] (each in 0..T-N); k_scale float32. CUDA: the lengths are
+/// copied to the host and validated there (one stream-ordered copy and wait per call).
+/// The CUDA result is bit for bit the CPU reference's.
 void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const TensorView& k_scale,
                        const TensorView& k_residual, const TensorView& lengths,
                        NibbleOrder nibbles = NibbleOrder::kLowFirst, Stream stream = {});

@@ -9,8 +9,8 @@ The cache (the layout of lowbit.nf4_kcache_quantize)::
     key        k[b, t, h, c] = nf4[code] * k_scale[b, h, c] + k_residual[b, t, h, c]   (fp32)
 
 NumPy arrays (and CPU tensors) run the CPU reference (fp64 scores and softmax, out rounded once to
-bfloat16). torch CUDA tensors call the op, which raises NotImplementedError until the sm_90a
-kernels exist (no silent fallback to the host).
+bfloat16). torch CUDA tensors run the sm_90a kernels (a build without them raises
+NotImplementedError; no silent fallback to the host).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def build_info() -> dict:
     Returns a dict with version, cuda_built (kernels compiled in), cuda_runtime_version (0 without
     CUDA), device_count (0 without a driver), device_name and sm (of device 0) and cuda_ops (the
     ops that run on the device) and cpu_only_ops (ops with only the CPU reference so far: their
-    CUDA path raises NotImplementedError)."""
+    CUDA path raises NotImplementedError; empty in this version)."""
     return _C.build_info()
 
 

@@ -32,8 +32,9 @@ Importing this module registers (torch >= 2.4):
     torch.ops.lowbit.mxfp4_gemm / nvfp4_gemm (the dense linears) and gpt_oss_moe_mlp (the
         gpt-oss expert MLP): signatures at their definitions below
 
-The NF4 K-cache decode ops (lowbit.decode_attention) have no CUDA kernel yet: on CUDA tensors
-they raise NotImplementedError; their fakes already give the outputs' shapes.
+The NF4 K-cache decode ops (lowbit.decode_attention) run their sm_90a kernels on CUDA tensors;
+nf4_kcache_append copies its lengths to the host to validate them: a host synchronisation, the
+one exception to the graph capture below.
 
 Arguments, formulas and output dtypes are those of the lowbit functions of the same names
 (lowbit.quantize etc.; 0 / "" select a format's default block / rule / scale dtype). Every op

@@ -7,8 +7,7 @@ namespace lowbit {
 BuildInfo build_info() {
   BuildInfo b;
   b.version = LOWBIT_VERSION_STRING;
-  // the NF4 K-cache encode / append ops (lowbit/decode_attention.hpp): CPU reference only, no kernel yet
-  b.cpu_only_ops = {"kproj_rope_nf4_encode", "nf4_kcache_append"};
+  // every op has a CUDA path now: cpu_only_ops stays empty (the field remains for the ops to come)
 #if LOWBIT_WITH_CUDA
   b.cuda_built = true;
   b.cuda_runtime_version = cuda::runtime_version();
@@ -23,7 +22,8 @@ BuildInfo build_info() {
     if (b.sm >= 90)
       for (const char* op : {"nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "group_gemm_mxfp4_nt_groupwise",
                              "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp", "flash_attn_mxfp8",
-                             "flash_attn_mxfp8_varlen", "mxfp4_gemm", "nvfp4_gemm", "attn_forward_decode_nf4"})
+                             "flash_attn_mxfp8_varlen", "mxfp4_gemm", "nvfp4_gemm", "attn_forward_decode_nf4",
+                             "kproj_rope_nf4_encode", "nf4_kcache_append"})
         b.cuda_ops.emplace_back(op);
 #endif
   }

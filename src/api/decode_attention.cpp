@@ -1,9 +1,9 @@
 // src/api/decode_attention.cpp: argument validation and dispatch of the NF4 K-cache decode ops
 // (lowbit/decode_attention.hpp): attn_forward_decode_nf4, kproj_rope_nf4_encode and
 // nf4_kcache_append. Every argument is checked before anything is written; CPU tensors then run
-// the reference (src/ref/ref_decode_attention.cpp, src/ref/ref_kcache_encode.cpp). No CUDA kernel
-// exists yet: CUDA tensors are refused with NotSupportedError after validation (the launchers of
-// src/cuda/attention/launch_decode.hpp are declared for the kernels to come).
+// the reference (src/ref/ref_decode_attention.cpp, src/ref/ref_kcache_encode.cpp), CUDA tensors
+// the sm_90a kernels (src/cuda/attention/launch_decode.hpp: sm90_nf4_decode.cu,
+// sm90_nf4_encode.cu) through run_on_device (CUDA + CUTLASS builds; NotSupportedError otherwise).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,7 +17,6 @@
 #include "core/plan_decode.hpp"
 #include "lowbit/decode_attention.hpp"
 #include "ref/ref_decode_attention.hpp"
-#include "cuda/attention/launch_decode.hpp"  // declarations only: no kernel yet, never called
 
 namespace lowbit {
 using namespace detail;
@@ -32,11 +31,13 @@ void check_dim(const Checker& c, const char* arg, const char* name, int64_t d) {
     c.fail(arg, std::string(name) + " = " + std::to_string(d) + " is not supported: expected 64, 128 or 256");
 }
 
-/// The CUDA path of every op here: validated, then refused (no silent fallback to the CPU).
-[[noreturn]] void no_cuda_kernel(const Checker& c) {
-  throw NotSupportedError(std::string(c.op) +
-                          ": no CUDA kernel yet for this op (the CPU reference runs on CPU tensors; "
-                          "docs/decode_attention.md)");
+/// Each value of a host int32 [B] copy in [lo, hi].
+void check_lengths(const Checker& c, const std::vector<int32_t>& v, const char* arg, int64_t B, int64_t lo,
+                   int64_t hi) {
+  for (int64_t b = 0; b < B; ++b)
+    if (v[size_t(b)] < lo || v[size_t(b)] > hi)
+      c.fail(arg, "element " + std::to_string(b) + " is " + std::to_string(v[size_t(b)]) + ", expected a value in " +
+                      std::to_string(lo) + ".." + std::to_string(hi));
 }
 
 /// A host int32 [B] vector copied once (what the reference reads), each value in [lo, hi].
@@ -44,10 +45,7 @@ std::vector<int32_t> host_lengths(const Checker& c, const TensorView& t, const c
                                   int64_t hi) {
   std::vector<int32_t> v(static_cast<size_t>(B));
   if (B > 0) std::memcpy(v.data(), t.data, size_t(B) * sizeof(int32_t));
-  for (int64_t b = 0; b < B; ++b)
-    if (v[size_t(b)] < lo || v[size_t(b)] > hi)
-      c.fail(arg, "element " + std::to_string(b) + " is " + std::to_string(v[size_t(b)]) + ", expected a value in " +
-                      std::to_string(lo) + ".." + std::to_string(hi));
+  check_lengths(c, v, arg, B, lo, hi);
   return v;
 }
 
@@ -157,7 +155,6 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
 void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const TensorView& positions, int64_t head_dim,
                            const TensorView& k_nf4, const TensorView& k_scale, const TensorView& k_residual,
                            const TensorView& k_out, const KprojRopeArgs& args, Stream stream) {
-  (void)stream;
   Checker c{"kproj_rope_nf4_encode"};
   c.require(x, Req("x").dtypes(kFloatTypes).rank(3, "[B, T, hidden]"));
   const int64_t B = x.shape[0], T = x.shape[1], E = x.shape[2];
@@ -215,13 +212,16 @@ void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const Ten
   }
   for (int i = 0; i < 3; ++i) kc.s_s[i] = k_scale.strides[i];
   kc.order = args.nibbles;
-  if (c.dev != Device::kCPU) no_cuda_kernel(c);
+  if (c.dev != Device::kCPU) {
+    run_on_device<Kernels::kSm90Gemm>(
+        c, [&] { return B > 0 && T > 0 ? cuda::kproj_rope_nf4_encode(p, stream.handle) : 0; });
+    return;
+  }
   if (B > 0 && T > 0) ref::kproj_rope_nf4_encode(p);
 }
 
 void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const TensorView& k_scale,
                        const TensorView& k_residual, const TensorView& lengths, NibbleOrder nibbles, Stream stream) {
-  (void)stream;
   Checker c{"nf4_kcache_append"};
   c.require(k_new, Req("k_new").dtypes(kFloatTypes).rank(4, "[B, N, H_kv, D]"));
   const int64_t B = k_new.shape[0], N = k_new.shape[1], H = k_new.shape[2], D = k_new.shape[3];
@@ -255,7 +255,20 @@ void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const T
   for (int i = 0; i < 3; ++i) kc.s_s[i] = k_scale.strides[i];
   kc.order = nibbles;
   p.cache_T = T;
-  if (c.dev != Device::kCPU) no_cuda_kernel(c);
+  if (c.dev != Device::kCPU) {
+    // the lengths are validated on the host as on the CPU path: one stream-ordered copy and a
+    // wait (so this op cannot be captured in a CUDA graph); the kernels read the device values,
+    // clamped to 0..T-N, and the host copy sizes their grid
+    std::vector<int32_t> lens(static_cast<size_t>(B));
+    run_on_device<Kernels::kSm90Gemm>(
+        c, [&] { return B > 0 ? cuda::read_int32(lengths.ptr<const int32_t>(), B, lens.data(), stream.handle) : 0; });
+    check_lengths(c, lens, "lengths", B, 0, T - N);
+    p.lengths = lens.data();
+    p.lengths_device = lengths.ptr<const int32_t>();
+    run_on_device<Kernels::kSm90Gemm>(
+        c, [&] { return B > 0 && N > 0 ? cuda::nf4_kcache_append(p, stream.handle) : 0; });
+    return;
+  }
   const std::vector<int32_t> lens = host_lengths(c, lengths, "lengths", B, 0, T - N);
   p.lengths = lens.data();
   if (B > 0 && N > 0) ref::nf4_kcache_append(p);

@@ -1,7 +1,7 @@
 // src/core/plan_decode.hpp: the validated descriptions of the NF4 K-cache decode ops
 // (lowbit/decode_attention.hpp): the pruned decode attention, the fused K projection + RoPE +
 // NF4 encode and the cache append. Shared by the CPU reference (src/ref/ref_decode_attention.cpp)
-// and the future sm_90a kernels (src/cuda/attention/launch_decode.hpp). Everything here has been
+// and the sm_90a kernels (src/cuda/attention/launch_decode.hpp). Everything here has been
 // checked by the API layer (src/api/decode_attention.cpp): implementations trust it.
 #pragma once
 
@@ -82,7 +82,10 @@ struct KprojRopePlan {
 struct KCacheAppendPlan {
   KCachePlan cache;  ///< B, T = N new tokens, H, D; k = k_new; codes / scale / residual = the cache
   int64_t cache_T = 0;
-  const int32_t* lengths = nullptr;  ///< host copy, each in 0..cache_T - N
+  const int32_t* lengths = nullptr;  ///< host copy, each in 0..cache_T - N (validated)
+  /// CUDA: the caller's device lengths, which the kernels read (clamped to 0..cache_T - N); the
+  /// host copy above was read from them on the same stream and sizes the grid. Null on the CPU.
+  const int32_t* lengths_device = nullptr;
 };
 
 }  // namespace lowbit::detail

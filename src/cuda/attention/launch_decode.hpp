@@ -1,8 +1,8 @@
 // src/cuda/attention/launch_decode.hpp: host launchers of the NF4 K-cache decode kernels
-// (lowbit/decode_attention.hpp). Declarations only: no kernel is written yet, so the C++ API
-// never calls them (its CUDA path throws NotSupportedError). A launcher will trust the validated
-// plan, never throw, and return the cudaError_t of its launches (as int, so this header needs no
-// CUDA).
+// (lowbit/decode_attention.hpp): the decode attention (sm90_nf4_decode.cu), the fused K
+// projection + RoPE + encode and the append (sm90_nf4_encode.cu). A launcher trusts the
+// validated plan, never throws, and returns the cudaError_t of its launches (as int, so this
+// header needs no CUDA).
 #pragma once
 
 #include "core/plan_decode.hpp"
@@ -17,7 +17,12 @@ int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Pt
 /// Fused K projection + RoPE + NF4 / FP8-residual encode (amax pass, then encode pass), sm_90a.
 int kproj_rope_nf4_encode(const detail::KprojRopePlan& plan, void* stream);
 
-/// Append of decode tokens to the cache (rescaling the channels they outgrow), sm_90a.
+/// Append of decode tokens to the cache (rescaling the channels they outgrow), sm_90a. Reads
+/// plan.lengths_device; plan.lengths (the validated host copy) only sizes the grid.
 int nf4_kcache_append(const detail::KCacheAppendPlan& plan, void* stream);
+
+/// Copies n int32 from the device to the host, ordered on `stream`, and waits for it (the
+/// append's lengths, validated on the host).
+int read_int32(const int32_t* device_src, int64_t n, int32_t* host_dst, void* stream);
 
 }  // namespace lowbit::cuda

@@ -1,0 +1,11 @@
+// host emulation (tests/cpp/emu/cuda_runtime.h): grids of at most 3 CTAs, so the grid-stride
+// loops of the kernels run several rounds
+#pragma once
+#include <cuda_runtime.h>
+namespace lowbit::cuda_emu {
+template <typename Kernel>
+inline int64_t grid_for(Kernel, int threads, int64_t units, int = 16) {
+  const int64_t need = (units + threads - 1) / threads;
+  return std::max<int64_t>(1, std::min<int64_t>(need, 3));
+}
+}  // namespace lowbit::cuda_emu
