@@ -6,7 +6,9 @@
 #   bash scripts/test.sh
 #
 # Environment: LOWBIT_VENV (default .venv), LOWBIT_BUILD_DIR (default build/test),
-# LOWBIT_ENABLE_CUDA=OFF to skip the CUDA kernels even where nvcc exists.
+# LOWBIT_ENABLE_CUDA=OFF to skip the CUDA kernels even where nvcc exists, LOWBIT_CLIENT_DEPS=0 to
+# leave out torch / transformers / compressed-tensors (their tests then skip). Without a network
+# those three are left out with a message, except in CI (CI=true), where that fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -24,6 +26,10 @@ py="$venv/bin/python"
 "$py" -m pip install -q --upgrade pip
 "$py" -m pip install -q "numpy" "ml_dtypes>=0.5" "pytest" "nanobind>=2.10" "scikit-build-core>=0.10"
 "$py" -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
+
+# 2b. The real-client tests' dependencies, pinned: torch (CPU), transformers, compressed-tensors.
+source "$root/scripts/lib/client_deps.sh"
+install_client_deps "$py"
 
 # 3. One CMake build serves the Python module and the C++ tests.
 echo "== building lowbit (CUDA kernels: $cuda, build dir $build)"
