@@ -118,7 +118,8 @@ def build_case(name: str, fmt: str, device: str, batch: int = 2, seq: int = 16, 
     g = torch.Generator().manual_seed(seed + 2)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(device)
     out_key = "last_hidden_state" if name == "bert" else "logits"
-    return Case(name, fmt, model, ref, report, {"input_ids": ids}, out_key)
+    inputs = {"input_ids": ids} if name == "bert" else {"input_ids": ids, "use_cache": False}
+    return Case(name, fmt, model, ref, report, inputs, out_key)
 
 
 def token_rel_errors(case: Case) -> torch.Tensor:
