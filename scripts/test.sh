@@ -25,11 +25,12 @@ if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
 py="$venv/bin/python"
 "$py" -m pip install -q --upgrade pip
 "$py" -m pip install -q "numpy" "ml_dtypes>=0.5" "pytest" "nanobind>=2.10" "scikit-build-core>=0.10"
-"$py" -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
 
-# 2b. The real-client tests' dependencies, pinned: torch (CPU), transformers, compressed-tensors.
+# 2b. The real-client tests' dependencies, pinned: torch (CPU), transformers, compressed-tensors
+# (before the CUTLASS wheel, whose dependencies are left out on purpose: pip would list them).
 source "$root/scripts/lib/client_deps.sh"
 install_client_deps "$py"
+"$py" -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
 
 # 3. One CMake build serves the Python module and the C++ tests.
 echo "== building lowbit (CUDA kernels: $cuda, build dir $build)"
