@@ -6,7 +6,9 @@
 #   bash scripts/test.sh
 #
 # Environment: LOWBIT_VENV (default .venv), LOWBIT_BUILD_DIR (default build/test),
-# LOWBIT_ENABLE_CUDA=OFF to skip the CUDA kernels even where nvcc exists.
+# LOWBIT_ENABLE_CUDA=OFF to skip the CUDA kernels even where nvcc exists, LOWBIT_CLIENT_DEPS=0 to
+# leave out torch / transformers / compressed-tensors (their tests then skip). Without a network
+# those three are left out with a message, except in CI (CI=true), where that fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -23,6 +25,11 @@ if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
 py="$venv/bin/python"
 "$py" -m pip install -q --upgrade pip
 "$py" -m pip install -q "numpy" "ml_dtypes>=0.5" "pytest" "nanobind>=2.10" "scikit-build-core>=0.10"
+
+# 2b. The real-client tests' dependencies, pinned: torch (CPU), transformers, compressed-tensors
+# (before the CUTLASS wheel, whose dependencies are left out on purpose: pip would list them).
+source "$root/scripts/lib/client_deps.sh"
+install_client_deps "$py"
 "$py" -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
 
 # 3. One CMake build serves the Python module and the C++ tests.

@@ -79,6 +79,7 @@ def time_fn(
     flush_l2: bool = True,
     sync: bool = False,
     max_seconds: Optional[float] = None,
+    device: str = "cuda",
 ) -> Timing:
     """Median / p10 / p90 time of fn(*inputs[i % len(inputs)]) in microseconds.
 
@@ -90,6 +91,8 @@ def time_fn(
         argument checks, launches) lands inside the events: the latency a caller sees for
         launch-bound sizes. Without it the queue stays fed and the events measure device time.
     max_seconds: stop timing early (after at least 5 calls) once this much host time has passed.
+    device: "cuda" (CUDA events, as above) or "cpu" (the host clock around each call, no L2
+        flush; for smoke runs of a benchmark on a machine without a GPU: mode "host").
     """
     import time
 
@@ -100,6 +103,8 @@ def time_fn(
     else:
         arg_sets = [tuple(a) for a in inputs]
     n = len(arg_sets)
+    if device == "cpu":
+        return _time_fn_cpu(fn, arg_sets, warmup, iters, max_seconds)
     flush = l2_flush() if flush_l2 else None
 
     for i in range(max(0, warmup)):
@@ -134,6 +139,25 @@ def time_fn(
         iters=done,
         mode="host" if sync else "device",
     )
+
+
+def _time_fn_cpu(fn, arg_sets, warmup, iters, max_seconds) -> Timing:
+    import time
+
+    n = len(arg_sets)
+    for i in range(max(0, warmup)):
+        fn(*arg_sets[i % n])
+    times: List[float] = []
+    t0 = time.perf_counter()
+    for i in range(max(1, int(iters))):
+        a = time.perf_counter()
+        fn(*arg_sets[i % n])
+        times.append((time.perf_counter() - a) * 1e6)
+        if max_seconds is not None and len(times) >= 5 and time.perf_counter() - t0 > max_seconds:
+            break
+    times.sort()
+    return Timing(median_us=quantile(times, 0.5), p10_us=quantile(times, 0.1), p90_us=quantile(times, 0.9),
+                  iters=len(times), mode="host")
 
 
 _CEILINGS: Dict[str, Any] = {}

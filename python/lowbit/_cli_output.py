@@ -33,6 +33,10 @@ file and OUT does not end in .safetensors, else lowbit):
   gpt-oss             --format mxfp4 only: the expert weights of a gpt-oss model (X.gate_up_proj,
                       X.down_proj [E, K, N]) as X.*_blocks U8 [E, N, K/32, 16] + X.*_scales U8
                       [E, N, K/32], quant_method "mxfp4"; everything else copied.
+  modelopt            --format nvfp4 only: NVIDIA ModelOpt's NVFP4 naming (vLLM, TensorRT-LLM): X.weight
+                      U8 [M, K/2], X.weight_scale F8_E4M3 [M, K/16], X.weight_scale_2 F32 (the decode
+                      scale, amax / 2688), X.input_scale F32 (1.0: no calibration), hf_quant_config.json
+                      and config.json's quant_method "modelopt", quant_algo "NVFP4"; shards as above.
   lowbit              OUT.safetensors from one input file, with the tensors and metadata below.
 
 default excludes (--no-default-excludes turns them off): embeddings, lm_head, norms, MoE routers

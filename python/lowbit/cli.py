@@ -2,6 +2,7 @@
 
     lowbit info [--json]
     lowbit quantize MODEL_DIR OUT_DIR --format FORMAT [options]          (compressed-tensors)
+    lowbit quantize MODEL_DIR OUT_DIR --format nvfp4 --convention modelopt (ModelOpt NVFP4)
     lowbit quantize IN.safetensors OUT.safetensors --format FORMAT [options] (lowbit's own names)
     lowbit dequantize IN.safetensors OUT.safetensors [--dtype auto|bf16|f16|f32]
     lowbit convert-gpt-oss IN.safetensors OUT.safetensors [--layout LAYOUT] [--no-verify]
@@ -103,9 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     pq.add_argument("output", metavar="OUT", help="a directory (compressed-tensors) or OUT.safetensors (lowbit)")
     pq.add_argument("--format", "-f", required=True, choices=list(FORMATS) + list(FORMAT_ALIASES),
                     metavar="FORMAT", help="{" + ",".join(FORMATS) + "}")
-    pq.add_argument("--convention", choices=["compressed-tensors", "gpt-oss", "lowbit"],
+    pq.add_argument("--convention", choices=["compressed-tensors", "gpt-oss", "modelopt", "lowbit"],
                     help="tensor names and metadata of the output (default: compressed-tensors for a model "
-                         "directory or index, lowbit for a .safetensors file)")
+                         "directory or index, lowbit for a .safetensors file; modelopt: NVFP4 in NVIDIA "
+                         "ModelOpt's naming with hf_quant_config.json)")
     pq.add_argument("--no-default-excludes", action="store_true",
                     help="also quantize embeddings, lm_head, norms, routers and biases where eligible")
     pq.add_argument("--max-shard-size", type=_size, default=5 * 1024 ** 3, metavar="SIZE",
@@ -203,7 +205,7 @@ def _directory_mode(args) -> bool:
         src = str(args.input)
         to_dir = (os.path.isdir(src) or src.endswith(".index.json")) and not str(args.output).endswith(".safetensors")
         args.convention = "compressed-tensors" if to_dir else "lowbit"
-    return args.convention in ("compressed-tensors", "gpt-oss")
+    return args.convention in ("compressed-tensors", "gpt-oss", "modelopt")
 
 
 def check_paths(args) -> None:

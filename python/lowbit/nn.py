@@ -373,8 +373,9 @@ def _module_state(f, name: str, e) -> Tuple[str, Dict[str, torch.Tensor]]:
 def load_quantized(path: str, model: Optional[nn.Module] = None, act: str = "bf16",
                    device=None) -> Dict[str, torch.Tensor]:
     """Reads a checkpoint written by `lowbit quantize` (one .safetensors file, or a directory of
-    them), or one in the compressed-tensors convention (nvfp4- / mxfp4-pack-quantized
-    "X.weight_packed", "X.weight_scale" and NVFP4's "X.weight_global_scale"), and returns its state as a flat dict in the modules' naming: a quantized weight
+    them), one in the compressed-tensors convention (nvfp4- / mxfp4-pack-quantized
+    "X.weight_packed", "X.weight_scale" and NVFP4's "X.weight_global_scale"), or one in ModelOpt's
+    NVFP4 convention ("X.weight" uint8, "X.weight_scale", "X.weight_scale_2"), and returns its state as a flat dict in the modules' naming: a quantized weight
     "<m>.weight" becomes "<m>.qweight", "<m>.weight_scale" (and "<m>.weight_global_amax" for
     NVFP4); other tensors keep their names. Given ``model``, each nn.Linear named <m> is replaced
     by an NVFP4Linear / MXFP4Linear holding the checkpoint's weight (``act``: MXFP4Linear's
@@ -394,7 +395,7 @@ def load_quantized(path: str, model: Optional[nn.Module] = None, act: str = "bf1
                 quantized[mod] = _format_of(e)
                 state.update({f"{mod}.{k}": v for k, v in bufs.items()})
                 owned.update(n for n in (e.get("qdata"), e.get("scale"), e.get("zero"), e.get("global_amax")) if n)
-            for mod, fmt, bufs, names in _compressed_tensors_modules(f):
+            for mod, fmt, bufs, names in (*_compressed_tensors_modules(f), *_modelopt_modules(f)):
                 quantized[mod] = fmt
                 state.update({f"{mod}.{k}": v for k, v in bufs.items()})
                 owned.update(names)
@@ -477,3 +478,48 @@ def _compressed_tensors_modules(f):
             bufs["weight_global_amax"] = _amax_from_global_scale(_to_torch(f.get(gsn)))
             used += [gsn] + [x for x in (f"{mod}.input_global_scale",) if x in names]  # W4A16: unused
         yield mod, fmt, bufs, used
+
+
+def _amax_from_decode_scale(ws2: torch.Tensor) -> torch.Tensor:
+    """The float32 amax whose S_dec = 1 / (2688 / amax) (float32, as the kernels compute it) is
+    ModelOpt's weight_scale_2, searched within 16 ulps of 2688 * ws2; where none is exact
+    (a weight_scale_2 written as amax / 2688 by another program), the nearest."""
+    import numpy as np
+    from .checkpoint.compressed_tensors import global_scale
+    w = np.float32(ws2.float().reshape(-1)[0].item())
+    if not (np.isfinite(w) and w > 0):
+        return torch.tensor([float(w)], dtype=torch.float32)  # S_enc = S_dec = 1, as lowbit decodes it
+    def s_dec(a):
+        return np.float32(np.float32(1.0) / global_scale(a))
+    a0 = np.float32(np.float32(2688.0) * w)
+    cands, up, down = [a0], a0, a0
+    for _ in range(16):  # nearest to 2688 * ws2 first
+        up = np.nextafter(up, np.float32(np.inf), dtype=np.float32)
+        down = np.nextafter(down, np.float32(0), dtype=np.float32)
+        cands += [up, down]
+    exact = [a for a in cands if s_dec(a) == w]
+    best = exact[0] if exact else min(cands, key=lambda a: abs(float(s_dec(a)) - float(w)))
+    return torch.tensor([float(best)], dtype=torch.float32)
+
+
+def _modelopt_modules(f):
+    """(module, "nvfp4", buffers, tensor names) of each "X.weight_scale_2" of a ModelOpt NVFP4
+    file: X.weight uint8 [N, K/2] (low nibble first), X.weight_scale E4M3 [N, K/16],
+    X.weight_scale_2 the per-tensor decode scale; X.input_scale (W4A4 activations) is unused."""
+    from .checkpoint import CheckpointError
+    names = set(f.names())
+    for n in sorted(names):
+        if not n.endswith(".weight_scale_2"):
+            continue
+        mod = n[: -len(".weight_scale_2")]
+        wn, sc = f"{mod}.weight", f"{mod}.weight_scale"
+        if wn not in names or sc not in names:
+            raise CheckpointError(f"{f.path}: {mod!r}: a weight_scale_2 without weight and weight_scale")
+        q, scale = _to_torch(f.get(wn)), _to_torch(f.get(sc))
+        if (q.dtype != torch.uint8 or q.dim() != 2 or scale.dim() != 2 or scale.element_size() != 1
+                or scale.shape[0] != q.shape[0] or 2 * q.shape[1] != 16 * scale.shape[1]):
+            raise CheckpointError(f"{f.path}: {mod!r}: weight {q.dtype} {list(q.shape)} with weight_scale "
+                                  f"{list(scale.shape)} is not ModelOpt NVFP4 (uint8 [N, K/2], E4M3 [N, K/16])")
+        bufs = {"qweight": q, "weight_scale": scale.view(torch.float8_e4m3fn),
+                "weight_global_amax": _amax_from_decode_scale(_to_torch(f.get(n)))}
+        yield mod, "nvfp4", bufs, [wn, sc, n] + [x for x in (f"{mod}.input_scale",) if x in names]

@@ -1,10 +1,12 @@
-"""`lowbit quantize` into a model directory in the compressed-tensors convention: reads a single
-file, an index or a model directory, writes sharded safetensors, their index and config.json
-with "quantization_config" (docs/checkpoints.md)."""
+"""`lowbit quantize` into a model directory in the compressed-tensors, gpt-oss or ModelOpt
+convention: reads a single file, an index or a model directory, writes sharded safetensors, their
+index and config.json with "quantization_config" (ModelOpt: also hf_quant_config.json;
+docs/checkpoints.md)."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -16,6 +18,7 @@ from .. import safetensors_io as st
 from .._formats import Format
 from . import compressed_tensors as ct
 from . import gpt_oss_convention as go
+from . import modelopt_convention as mo
 from .device import Backend, make_backend
 from .io import TensorReport, _conform, _nonfinite_words
 from .model_dir import (
@@ -38,14 +41,17 @@ def quantize_model(src: str, dst: str, cfg: QuantConfig, sel: Selection, device:
                    ) -> Tuple[List[TensorReport], Dict[str, Any]]:
     """Quantizes the Linear weights of `src` into the model directory `dst` (convention
     "compressed-tensors"; "gpt-oss": the MXFP4 experts of a gpt-oss model). Returns the per-tensor
-    reports and a summary; nothing is left at `dst` unless every tensor succeeded."""
+    reports and a summary; nothing is left at `dst` unless every tensor succeeded. "modelopt":
+    NVFP4 weights in ModelOpt's naming with hf_quant_config.json."""
     if convention == go.CONVENTION:
         go.check_config(cfg)
     elif convention == ct.CONVENTION:
         ct.check_config(cfg)
+    elif convention == mo.CONVENTION:
+        mo.check_config(cfg)
     else:
-        raise CheckpointError(f"--convention {convention}: a model directory is written as compressed-tensors "
-                              f"or gpt-oss")
+        raise CheckpointError(f"--convention {convention}: a model directory is written as compressed-tensors, "
+                              f"gpt-oss or modelopt")
     with ModelSource(src) as m:
         return _quantize_model(m, src, dst, cfg, sel, device, progress, overwrite, warn, max_shard_bytes,
                                convention)
@@ -102,10 +108,13 @@ def _quantize_model(m, src, dst, cfg, sel, device, progress, overwrite, warn, ma
         raise CheckpointError(f"{src}: already a lowbit-quantized checkpoint (metadata key {METADATA_KEY!r})")
     if m.config and "quantization_config" in m.config:
         raise CheckpointError(f"{src}: config.json already has a quantization_config")
+    if m.root and os.path.exists(os.path.join(m.root, mo.HF_QUANT_CONFIG)):
+        raise CheckpointError(f"{src}: already a quantized checkpoint ({mo.HF_QUANT_CONFIG})")
     backend = make_backend(device)
     fmt = Format(cfg.spec.api, **cfg.format_kwargs())
     plan = _plan(m, cfg, sel, convention)
     gpt_oss = convention == go.CONVENTION
+    modelopt = convention == mo.CONVENTION
 
     specs: List[Tuple[str, str, Tuple[int, ...]]] = []
     owner: Dict[str, str] = {}
@@ -115,6 +124,8 @@ def _quantize_model(m, src, dst, cfg, sel, device, progress, overwrite, warn, ma
             outs = [(n, info.dtype, info.shape)]
         elif gpt_oss:
             outs = go.output_specs(n, info.shape)
+        elif modelopt:
+            outs = mo.output_specs(ct.module_of(n), info.shape)
         else:
             outs = ct.output_specs(ct.module_of(n), cfg, info.shape)
         for o in outs:
@@ -147,6 +158,7 @@ def _quantize_model(m, src, dst, cfg, sel, device, progress, overwrite, warn, ma
         for si, idxs in enumerate(shards):
             shard_specs = [specs[i] for i in idxs]
             dtypes = {name: st.dtype_to_numpy(dt) for name, dt, _ in shard_specs}
+            shapes = {name: tuple(shape) for name, _, shape in shard_specs}
             path = stage.join(names[si])
             with st.SafetensorsWriter(path, shard_specs, {"format": "pt"}, overwrite=False) as writer:
                 for oname, _, _ in shard_specs:
@@ -156,11 +168,12 @@ def _quantize_model(m, src, dst, cfg, sel, device, progress, overwrite, warn, ma
                         if progress:
                             progress(next_src - 1, len(src_order), done, total, n)
                         one = _one_gpt_oss if gpt_oss else _one
-                        rep, outs = one(m, n, why_of[n], cfg, fmt, backend, amax.get(n), warn)
+                        rep, outs = one(m, n, why_of[n], cfg, fmt, backend, amax.get(n), warn, convention)
                         reports.append(rep)
                         done += rep.bytes_before
                         cache.update(outs)
-                    writer.write(oname, _conform(cache.pop(oname), dtypes[oname]))
+                    a = _conform(cache.pop(oname), dtypes[oname])
+                    writer.write(oname, a.reshape(()) if shapes[oname] == () else a)  # ModelOpt's scalars
                     weight_map[oname] = names[si]
             out_bytes += writer.size
         if progress:
@@ -170,15 +183,22 @@ def _quantize_model(m, src, dst, cfg, sel, device, progress, overwrite, warn, ma
             st.write_text_atomic(stage.join(INDEX_NAME), json.dumps(index, indent=2) + "\n", overwrite=False)
         copied = copy_other_files(m.root, stage, m.files)
         config = dict(m.config or {})
-        config["quantization_config"] = (go.quantization_config() if gpt_oss
-                                         else ct.quantization_config(cfg, ignore, PRODUCER))
+        if gpt_oss:
+            config["quantization_config"] = go.quantization_config()
+        elif modelopt:
+            config["quantization_config"] = mo.quantization_config(ignore)
+            st.write_text_atomic(stage.join(mo.HF_QUANT_CONFIG), json.dumps(mo.hf_quant_config(ignore), indent=2)
+                                 + "\n", overwrite=False)
+        else:
+            config["quantization_config"] = ct.quantization_config(cfg, ignore, PRODUCER)
         st.write_text_atomic(stage.join(CONFIG_NAME), json.dumps(config, indent=2) + "\n", overwrite=False)
         stage.commit()
     except BaseException:
         stage.abort()
         raise
     summary = {"input": src, "output": dst, "device": backend.name, "format": cfg.describe(),
-               "convention": convention, "scheme": "gpt-oss mxfp4" if gpt_oss else ct.CT_FORMATS[cfg.spec.api],
+               "convention": convention,
+               "scheme": "gpt-oss mxfp4" if gpt_oss else ("modelopt NVFP4" if modelopt else ct.CT_FORMATS[cfg.spec.api]),
                "tensors": len(plan), "quantized": len(quantized), "copied": len(plan) - len(quantized),
                "shards": len(shards), "ignore": ignore, "copied_files": copied,
                "bytes_before": sum(r.bytes_before for r in reports),
@@ -196,7 +216,8 @@ def _nbytes(spec) -> int:
     return n
 
 
-def _one(m: ModelSource, n: str, why: Optional[str], cfg: QuantConfig, fmt, backend, gamax, warn):
+def _one(m: ModelSource, n: str, why: Optional[str], cfg: QuantConfig, fmt, backend, gamax, warn,
+         convention: str = ct.CONVENTION):
     info = m.info(n)
     if why is not None:
         return (TensorReport(n, info.shape, info.dtype, "copied", reason=why, bytes_before=info.nbytes,
@@ -215,7 +236,10 @@ def _one(m: ModelSource, n: str, why: Optional[str], cfg: QuantConfig, fmt, back
     n_nan, n_inf = backend.nonfinite(x)
     if (n_nan or n_inf) and warn is not None:
         warn(f"tensor {n!r} {list(info.shape)} holds {_nonfinite_words(n_nan, n_inf)}")
-    outs = ct.convert(ct.module_of(n), cfg, qt, info.shape, backend.get)
+    if convention == mo.CONVENTION:
+        outs = mo.convert(ct.module_of(n), qt, backend.get)
+    else:
+        outs = ct.convert(ct.module_of(n), cfg, qt, info.shape, backend.get)
     after = sum(a.nbytes for a in outs.values())
     rep = TensorReport(n, info.shape, info.dtype, "quantized", fmt=cfg.spec.cli, bytes_before=info.nbytes,
                        bytes_after=after, sqnr_db=sqnr, max_abs_err=maxerr, max_abs=maxabs, outputs=list(outs),
@@ -224,7 +248,8 @@ def _one(m: ModelSource, n: str, why: Optional[str], cfg: QuantConfig, fmt, back
     return rep, outs
 
 
-def _one_gpt_oss(m: ModelSource, n: str, why: Optional[str], cfg: QuantConfig, fmt, backend, gamax, warn):
+def _one_gpt_oss(m: ModelSource, n: str, why: Optional[str], cfg: QuantConfig, fmt, backend, gamax, warn,
+                 convention: str = go.CONVENTION):
     """One tensor of the gpt-oss convention: experts quantized one by one on the CPU reference."""
     info = m.info(n)
     if why is not None:
