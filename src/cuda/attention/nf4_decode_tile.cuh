@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/plan_decode.hpp"
+#include "cuda/common/cp_async.cuh"
 #include "lowbit/kcache.hpp"
 
 namespace lowbit::cuda::decode_fused {
@@ -47,14 +48,6 @@ __device__ __forceinline__ float nan_max(float a, float b) {
 }
 /// The reference's non-finite rule: a score that is not finite makes the head's output NaN.
 __device__ __forceinline__ float finite_or_nan(float s) { return isfinite(s) ? s : __int_as_float(0x7FC00000); }
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /// Two FP8 residuals (low byte first) as floats.
 __device__ __forceinline__ float2 fp8x2_to_float2(uint32_t pair, bool e4m3) {

@@ -1,7 +1,9 @@
 // tests/cpp/emu/cuda_runtime.h: the host emulation of the CUDA pieces that
-// src/cuda/attention/sm90_nf4_encode.cu uses, for test_nf4_encode_emu.cpp (kernels run on the
-// CPU: one std::thread per CUDA thread of a CTA, CTAs one after the other, std::barrier for
-// __syncthreads, __shared__ variables as function statics). Test code only.
+// src/cuda/attention/sm90_nf4_encode.cu and sm90_nf4_decode_fused.cu use, for the emu tests
+// (kernels run on the CPU: one std::thread per CUDA thread of a CTA, CTAs one after the other,
+// std::barrier for __syncthreads and, per warp, for the shuffles, ballots and __syncwarp;
+// __shared__ variables as function statics, dynamic shared memory as a buffer per CTA). Warp
+// operations must be reached by all 32 lanes of the warp (convergent code). Test code only.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -18,12 +21,17 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
 using std::cos;
 using std::fma;
+using std::fmaf;
+using std::fmaxf;
+using std::isfinite;
+using std::max;
+using std::min;
 using std::pow;
 using std::sin;
 
@@ -50,12 +58,69 @@ inline unsigned atomicMax(unsigned* p, unsigned v) {
 }
 
 struct uint4 { uint32_t x, y, z, w; };
+struct float2 { float x, y; };
 struct uint2 { uint32_t x, y; };
 struct float4 { float x, y, z, w; };
 inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
 
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+/// Two CTAs per SM, whatever the kernel: with device_info's 2 SMs, four CTAs per wave.
+template <typename K>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t) {
+  *n = 2;
+  return cudaSuccess;
+}
+
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline int atomicAnd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_and(v); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
+inline float __uint_as_float(uint32_t x) { float f; std::memcpy(&f, &x, 4); return f; }
+inline uint32_t __float_as_uint(float f) { uint32_t x; std::memcpy(&x, &f, 4); return x; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+
+namespace emu {
+/// The exchange slots and the barrier of one warp.
+struct Warp {
+  std::barrier<>* bar = nullptr;
+  uint64_t slot[32] = {};
+};
+inline thread_local Warp* warp_ctx = nullptr;
+inline thread_local uint8_t* dyn_smem = nullptr;
+inline unsigned lane() { return threadIdx.x % 32; }
+}  // namespace emu
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int off) {
+  static_assert(sizeof(T) <= 8, "shuffle of a value of at most 8 bytes");
+  emu::Warp& w = *emu::warp_ctx;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  w.slot[emu::lane()] = bits;
+  w.bar->arrive_and_wait();
+  const uint64_t o = w.slot[emu::lane() ^ unsigned(off)];
+  w.bar->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &o, sizeof(T));
+  return r;
+}
+inline unsigned __ballot_sync(unsigned, bool pred) {
+  emu::Warp& w = *emu::warp_ctx;
+  w.slot[emu::lane()] = pred ? 1 : 0;
+  w.bar->arrive_and_wait();
+  unsigned r = 0;
+  for (unsigned l = 0; l < 32; ++l) r |= unsigned(w.slot[l] & 1) << l;
+  w.bar->arrive_and_wait();
+  return r;
+}
+inline void __syncwarp() { emu::warp_ctx->bar->arrive_and_wait(); }
 /// Scratch comes back filled with 0xEE bytes (a kernel that reads scratch it did not write shows).
 inline cudaError_t cudaMallocFromPoolAsync(void** p, size_t n, cudaMemPool_t, cudaStream_t) {
   *p = std::malloc(n + 16);
@@ -78,34 +143,51 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 
 namespace emu {
 
-/// kernel<<<grid, block, ...>>>(args) is rewritten as emu::launch(kernel, grid, block, ...)(args).
+/// kernel<<<grid, block, ...>>>(args) is rewritten as emu::launch(kernel, grid, block, ...)(args)
+/// (the third argument, when given, is the dynamic shared memory in bytes).
 template <typename K>
 struct Launch {
   K k;
   dim3 g, b;
+  size_t smem = 0;
   template <typename... A>
   cudaError_t operator()(A... args) {
     gridDim = g;
     blockDim = b;
-    for (unsigned by = 0; by < g.y; ++by)
-      for (unsigned bx = 0; bx < g.x; ++bx) {
-        std::barrier<> bar(b.x);
-        emu_barrier = &bar;
-        std::vector<std::thread> ts;
-        for (unsigned t = 0; t < b.x; ++t)
-          ts.emplace_back([&, t] {
-            threadIdx = dim3(t);
-            blockIdx = dim3(bx, by);
-            k(args...);
-          });
-        for (auto& th : ts) th.join();
-      }
+    std::vector<uint8_t> dyn(smem + 16, 0xCD);  // poisoned, as fresh shared memory may be
+    for (unsigned bz = 0; bz < g.z; ++bz)
+      for (unsigned by = 0; by < g.y; ++by)
+        for (unsigned bx = 0; bx < g.x; ++bx) {
+          std::barrier<> bar(b.x);
+          emu_barrier = &bar;
+          const unsigned nw = (b.x + 31) / 32;
+          std::vector<Warp> warps(nw);
+          std::vector<std::unique_ptr<std::barrier<>>> wbars;
+          for (unsigned w = 0; w < nw; ++w) {
+            wbars.emplace_back(std::make_unique<std::barrier<>>(std::min(32u, b.x - 32 * w)));
+            warps[w].bar = wbars.back().get();
+          }
+          std::vector<std::thread> ts;
+          for (unsigned t = 0; t < b.x; ++t)
+            ts.emplace_back([&, t] {
+              threadIdx = dim3(t);
+              blockIdx = dim3(bx, by, bz);
+              warp_ctx = &warps[t / 32];
+              dyn_smem = dyn.data();
+              k(args...);
+            });
+          for (auto& th : ts) th.join();
+        }
     return cudaSuccess;
   }
 };
+template <typename K>
+Launch<K> launch(K k, dim3 g, dim3 b) {
+  return Launch<K>{k, g, b, 0};
+}
 template <typename K, typename... R>
-Launch<K> launch(K k, dim3 g, dim3 b, R...) {
-  return Launch<K>{k, g, b};
+Launch<K> launch(K k, dim3 g, dim3 b, size_t smem, R...) {
+  return Launch<K>{k, g, b, smem};
 }
 
 }  // namespace emu

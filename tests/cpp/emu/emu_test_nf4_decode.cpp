@@ -1,0 +1,159 @@
+// The fused kernels of src/cuda/attention/sm90_nf4_decode_fused.cu (threshold, split, merge) run on
+// the CPU through the host emulation of tests/cpp/emu/ (the build rewrites their launches,
+// namespace and dynamic shared memory: tests/cpp/CMakeLists.txt) and are compared with the CPU
+// reference. This checks the kernels' indexing, tiling, pipelining of the K / V tiles, pruning
+// decisions and split merge on machines without a GPU (CTAs one after the other, the warp
+// operations emulated, cp.async an immediate copy); tests/python/test_decode_attention_gpu.py
+// remains the test of the kernels on the device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <algorithm>
+#include <vector>
+
+#include "core/plan_decode.hpp"
+#include "lowbit/codecs.hpp"
+#include "ref/ref_decode_attention.hpp"
+
+namespace lowbit::cuda_emu {
+int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Ptrs& ptrs, void* workspace,
+                    int64_t workspace_bytes, void* stream);
+}  // namespace lowbit::cuda_emu
+
+using namespace lowbit;
+
+namespace {
+
+struct DecodeCase {
+  int64_t b, t, hq, hkv, d, block;
+  float delta;
+  bool residual, e4m3, high_first, ragged;
+};
+
+std::ostream& operator<<(std::ostream& os, const DecodeCase& c) {
+  return os << "b" << c.b << "_t" << c.t << "_h" << c.hq << "-" << c.hkv << "_d" << c.d << "_bs" << c.block << "_delta"
+            << c.delta << (c.residual ? (c.e4m3 ? "_e4m3" : "_e5m2") : "_nores") << (c.high_first ? "_hi" : "_lo")
+            << (c.ragged ? "_ragged" : "");
+}
+
+class EmuDecode : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(EmuDecode, MatchesCpuReference) {
+  const DecodeCase s = GetParam();
+  const int64_t B = s.b, T = s.t, H = s.hq, HK = s.hkv, D = s.d;
+  std::mt19937 rng(uint32_t(B * 131 + T * 7 + H + D + s.block));
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint16_t> q(size_t(B * H * D)), v(size_t(B * T * HK * D));
+  std::vector<uint8_t> codes(size_t(B * T * HK * D / 2)), res(size_t(B * T * HK * D));
+  std::vector<float> scale(size_t(B * HK * D));
+  for (auto& x : q) x = encode_bf16(n(rng));
+  for (auto& x : v) x = encode_bf16(n(rng));
+  for (auto& x : codes) x = uint8_t(byte(rng));
+  for (auto& x : scale) x = 0.05f + std::fabs(n(rng)) * 0.2f;
+  for (auto& x : res) {  // finite residuals of about a tenth of the scale
+    const float r = 0.02f * n(rng);
+    x = s.e4m3 ? encode_e4m3(r, Saturate::kFinite) : encode_e5m2(r, Saturate::kFinite);
+  }
+  // attention sinks and recency: the first and last 8 tokens of every sequence score high
+  std::vector<int32_t> lens(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) lens[size_t(b)] = int32_t(s.ragged ? std::max<int64_t>(1, T - (97 * b) % T) : T);
+  // and a warm token (half the channels at nf4 1.0) opening every third block: with delta 1.2
+  // the warm blocks are kept and the others skipped
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const bool hot = t < 8 || (t >= lens[size_t(b)] - 8 && t < lens[size_t(b)]);
+      const bool warm = t % s.block == 0 && (t / s.block) % 3 == 1;
+      if (!hot && !warm) continue;
+      for (int64_t g = 0; g < HK; ++g)
+        for (int64_t c = 0; c < (hot ? D / 2 : D / 4); ++c) codes[size_t(((b * T + t) * HK + g) * (D / 2) + c)] = 0xFF;
+    }
+  for (int64_t b = 0; b < B; ++b)  // q positive in every channel: the 0xFF codes (nf4 1.0) score high
+    for (int64_t i = 0; i < H * D; ++i) q[size_t(b * H * D + i)] = encode_bf16(std::fabs(decode_bf16(q[size_t(b * H * D + i)])));
+
+  detail::DecodeNf4Plan p;
+  p.batch = B;
+  p.seqlen = T;
+  p.heads = H;
+  p.heads_kv = HK;
+  p.head_dim = D;
+  p.head_dim_v = D;
+  p.block_size = s.block;
+  p.sub_block_size = 1;
+  p.delta = s.delta;
+  p.softmax_scale = 1.0f / std::sqrt(float(D));
+  p.use_residual = s.residual;
+  p.scale_dtype = DType::kFloat32;
+  p.residual_dtype = s.e4m3 ? DType::kE4M3 : DType::kE5M2;
+  p.nibbles = s.high_first ? NibbleOrder::kHighFirst : NibbleOrder::kLowFirst;
+  p.has_seq_lens = true;
+  p.has_skip_ratio = true;
+  const int64_t q_st[3] = {H * D, H * D, D}, kc_st[3] = {T * HK * D / 2, HK * D / 2, D / 2}, ks_st[2] = {HK * D, D},
+                kr_st[3] = {T * HK * D, HK * D, D}, o_st[2] = {H * D, D}, sr_st[2] = {HK, 1};
+  for (int i = 0; i < 3; ++i) {
+    p.q_stride[i] = q_st[i];
+    p.kc_stride[i] = kc_st[i];
+    p.kr_stride[i] = kr_st[i];
+    p.v_stride[i] = kr_st[i];
+  }
+  for (int i = 0; i < 2; ++i) {
+    p.ks_stride[i] = ks_st[i];
+    p.o_stride[i] = o_st[i];
+    p.sr_stride[i] = sr_st[i];
+  }
+  std::vector<uint16_t> out_ref(size_t(B * H * D), 0xFFFF), out_emu(size_t(B * H * D), 0xFFFF);
+  std::vector<float> sr_ref(size_t(B * HK), -1.f), sr_emu(size_t(B * HK), -1.f);
+  detail::DecodeNf4Ptrs x;
+  x.q = q.data();
+  x.k_nf4 = codes.data();
+  x.k_scale = scale.data();
+  x.k_residual = s.residual ? res.data() : nullptr;
+  x.v = v.data();
+  x.seq_lens = lens.data();
+  x.out = out_ref.data();
+  x.skip_ratio = sr_ref.data();
+  ref::attn_decode_nf4(p, x);
+  x.out = out_emu.data();
+  x.skip_ratio = sr_emu.data();
+  ASSERT_EQ(cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr), 0) << "the call must take the fused path";
+  double worst = 0;
+  for (size_t i = 0; i < out_ref.size(); ++i) {
+    const double a = decode_bf16(out_emu[i]), r = decode_bf16(out_ref[i]);
+    ASSERT_TRUE(std::isfinite(a)) << i;
+    worst = std::max(worst, std::fabs(a - r));
+  }
+  EXPECT_LE(worst, 1.0 / 64) << "max |out - ref|";
+  double skipped = 0;
+  for (size_t i = 0; i < sr_ref.size(); ++i) {
+    const int64_t nb = (lens[i / size_t(HK)] + s.block - 1) / s.block;
+    EXPECT_LE(std::fabs(sr_emu[i] - sr_ref[i]) * double(nb), 2.0) << "skip ratio of (b, g) " << i;
+    skipped += sr_ref[i];
+  }
+  if (std::isfinite(s.delta) && T >= 8 * s.block) EXPECT_GT(skipped, 0.0) << "the case should prune";
+}
+
+// fused-path calls: D == Dv, contiguous rows, pruning blocks dividing the tile
+INSTANTIATE_TEST_SUITE_P(
+    Cases, EmuDecode,
+    ::testing::Values(DecodeCase{2, 700, 8, 2, 128, 64, INFINITY, true, false, false, true},
+                      DecodeCase{2, 700, 8, 2, 128, 16, 1.2f, true, false, false, true},
+                      DecodeCase{1, 900, 8, 1, 128, 32, 1.2f, true, true, true, false},
+                      DecodeCase{1, 500, 16, 1, 128, 64, 1.2f, true, false, false, false},
+                      DecodeCase{3, 300, 2, 2, 64, 16, 1.2f, false, false, false, true},
+                      DecodeCase{1, 400, 4, 1, 256, 16, 1.2f, true, true, false, false},
+                      DecodeCase{2, 1, 4, 1, 128, 64, 1.2f, true, false, false, false},
+                      DecodeCase{2, 130, 4, 2, 64, 1, 1.2f, true, false, true, true}),
+    [](const ::testing::TestParamInfo<DecodeCase>& i) {
+      std::ostringstream os;
+      os << i.param;
+      std::string n = os.str();
+      for (auto& ch : n)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
+
+}  // namespace
