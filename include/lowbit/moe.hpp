@@ -1,5 +1,7 @@
-// lowbit/moe.hpp: the MoE operations (C++ API): the grouped MXFP4 GEMM, its weight prepack and the
-// gpt-oss expert MLP (also reached through lowbit/gemm.hpp). CPU tensors run the fp32/fp64
+// lowbit/moe.hpp: the MoE operations (C++ API): the grouped MXFP4 GEMM (three row layouts: group
+// boundaries, contiguous counts, masked batches), its weight prepack, the gpt-oss expert MLP with
+// routing and the one over expert-grouped rows (expert parallelism); also reached through
+// lowbit/gemm.hpp. CPU tensors run the fp32/fp64
 // reference in src/ref; CUDA tensors run the sm_90a kernels where they exist, and otherwise throw
 // NotSupportedError (never a silent fallback).
 #pragma once
@@ -9,22 +11,40 @@
 namespace lowbit {
 
 /// Grouped GEMM for MoE with MXFP4 expert weights (FlashInfer group_gemm_mxfp4_nt_groupwise
-/// conventions):  out[m, :] = A[m, :] @ B[g]^T  for every row m of group g,
-/// m_indptr[g] <= m < m_indptr[g+1]. A is MXFP8 (E4M3 or E5M2 codes with a UE8M0 scale per 32
-/// K-elements) or plain bf16 (W4A16); B is MXFP4 (E2M1 codes, element 2k in the low nibble,
-/// UE8M0 per 32). Decoded values are code * 2^(scale - 127); accumulation in fp32 (the reference
-/// in fp64); out rounded to nearest even.
+/// conventions):  out[m, :] = A[m, :] @ B[g]^T  for every row m of group g. A is MXFP8 (E4M3 or
+/// E5M2 codes with a UE8M0 scale per 32 K-elements) or plain bf16 (W4A16); B is MXFP4 (E2M1
+/// codes, element 2k in the low nibble, UE8M0 per 32). Decoded values are code * 2^(scale - 127);
+/// accumulation in fp32 (the reference in fp64); out rounded to nearest even.
+///
+/// The rows of each group are given in one of three layouts (docs/moe_ep.md):
+///  - boundaries: `m_indptr` [G+1], a 2-D A [cum_m, K]; group g is rows m_indptr[g] .. m_indptr[g+1]-1.
+///  - contiguous counts: `m_counts` [G], a 2-D A [M, K]; group g is the m_counts[g] rows after
+///    those of groups < g (tokens sorted by local expert, DeepEP's normal mode); sum(m_counts) <= M,
+///    and rows at or beyond the sum are neither read nor written.
+///  - masked: `m_counts` [G], a 3-D A [G, max_tokens, K] and out [G, max_tokens, N]; group g is
+///    rows 0 .. m_counts[g]-1 of batch g (DeepEP's low-latency mode, pplx-kernels); the other
+///    rows of each batch are neither read nor written. The work scales with the counts, not with
+///    max_tokens.
+/// Host m_indptr / m_counts are validated (m_counts: non-negative, sum <= M, or <= max_tokens
+/// each); device ones are read on the GPU without a host synchronisation (CUDA-graph safe) and
+/// clamped instead: bounds into [0, M]; counts below 0 count as 0, a contiguous group ends at row
+/// M at the latest, a masked count above max_tokens counts as max_tokens.
 struct GroupGemmArgs {
-  TensorView a;  ///< [cum_m, K]: float8_e4m3fn / float8_e5m2 (MXFP8 codes) or bfloat16
-  /// MXFP8 activation scales (float8_e8m0fnu or uint8): cum_m x K/32 in a_scale_layout —
-  /// blocked128x4 with per-group padding (FlashInfer's rule, the default) or row-major.
+  TensorView a;  ///< [cum_m, K] or (masked) [G, max_tokens, K]: float8_e4m3fn / float8_e5m2 (MXFP8 codes) or bfloat16
+  /// MXFP8 activation scales (float8_e8m0fnu or uint8): one per 32 K-elements of every row of a,
+  /// in a_scale_layout — blocked128x4 with per-group padding (FlashInfer's rule, the default;
+  /// m_indptr only) or row-major (any layout; masked: [G, max_tokens, K/32] or its 2-D view).
   TensorView a_scale;
   ScaleLayout a_scale_layout = ScaleLayout::blocked128x4(GroupPad::kFlashInfer);
   TensorView b;        ///< [G, N, K/2] uint8 / float4_e2m1fn_x2
   TensorView b_scale;  ///< G matrices of N x K/32 in b_scale_layout (blocked128x4 or row-major)
   ScaleLayout b_scale_layout = ScaleLayout::blocked128x4();
   TensorView m_indptr;  ///< int32 / int64 [G+1], m_indptr[0] = 0, non-decreasing, m_indptr[G] = cum_m
-  TensorView out;       ///< [cum_m, N] bfloat16 / float16
+  TensorView m_counts;  ///< int32 / int64 [G] rows per group (instead of m_indptr): contiguous or masked layout
+  /// Masked layout: the typical rows per group, a hint for the tile size (0: max_tokens). Any
+  /// value gives the same result; only the speed depends on it.
+  int64_t expected_m = 0;
+  TensorView out;       ///< [cum_m, N] or (masked) [G, max_tokens, N]: bfloat16 / float16
   /// b / b_scale are the outputs of group_gemm_mxfp4_prepack (contiguous [G, Np, Kp/2] and
   /// [G, Np, Kp/32], lowbit/mxfp4_pack.hpp); N is taken from out, b_scale_layout is not used.
   bool b_packed = false;
@@ -77,5 +97,35 @@ struct MoeMlpArgs {
 };
 
 void gpt_oss_moe_mlp(const MoeMlpArgs& args, Stream stream = {});
+
+/// The gpt-oss expert MLP over rows already grouped by expert (expert parallelism: what a
+/// dispatch delivers to the GPU of the experts), without routing or weighting: for every row x_r
+/// of local expert e,
+///   h = act(x_r) @ W1[e]^T + b1[e]; g = min(h[0::2], limit); u = clamp(h[1::2], -limit, limit)
+///   y = g * sigmoid(alpha * g) * (u + 1);   out_r = act(y) @ W2[e]^T + b2[e]
+/// with the rounding points of gpt_oss_moe_mlp (each row's out_r is bit for bit that op's
+/// per-expert term o before its weighting, CPU reference; docs/moe_ep.md). The rows of expert e:
+///  - contiguous: x [M, H], the m_counts[e] rows after those of experts < e; sum(m_counts) <= M;
+///  - masked: x [E, max_tokens, H], rows 0 .. m_counts[e]-1 of batch e.
+/// Rows outside the counts are neither read nor written. Host m_counts are validated, device
+/// ones clamped (GroupGemmArgs). x may also be MXFP8 as a quantized dispatch delivers it: E4M3
+/// codes with x_scale (UE8M0 per 32, row-major); act() then rounds the decoded values.
+struct ExpertMlpArgs {
+  TensorView x;         ///< [M, H] or [E, max_tokens, H]: bfloat16 / float32, or float8_e4m3fn with x_scale
+  TensorView x_scale;   ///< MXFP8 x: [M, H/32] / [E, max_tokens, H/32] (or the 2-D view) UE8M0, row-major
+  TensorView m_counts;  ///< [E] int32 / int64
+  TensorView w1, w1_scale;  ///< [E, 2I, H/2] MXFP4 codes; [E, 2I, H/32] UE8M0 row-major
+  TensorView b1;            ///< [E, 2I] float32 / bfloat16
+  TensorView w2, w2_scale;  ///< [E, H, I/2]; [E, H, I/32]
+  TensorView b2;            ///< [E, H]
+  bool packed = false;      ///< weights from group_gemm_mxfp4_prepack (as MoeMlpArgs::packed)
+  float alpha = 1.702f;
+  float limit = 7.0f;
+  ActQuant act = ActQuant::kBF16;
+  int64_t expected_m = 0;   ///< masked layout: tile-size hint (GroupGemmArgs::expected_m)
+  TensorView out;           ///< x's leading shape with H: bfloat16 / float32
+};
+
+void gpt_oss_expert_mlp(const ExpertMlpArgs& args, Stream stream = {});
 
 }  // namespace lowbit

@@ -24,6 +24,7 @@ from .decode_attention import attn_forward_decode_nf4, kproj_rope_nf4_encode, nf
 from ._formats import FORMAT_NAMES, LAYOUTS, Format, Quantized
 from .gemm import (
     custom_kernel,
+    gpt_oss_expert_mlp,
     gpt_oss_moe_mlp,
     group_gemm_mxfp4_nt_groupwise,
     group_gemm_mxfp4_prepack,
@@ -57,7 +58,7 @@ __all__ = [
     "mxfp8_quantize", "mxfp4_quantize", "nvfp4_quantize", "per_token_group_quant",
     "block_scale_interleave", "block_scale_deinterleave",
     "nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "custom_kernel", "group_gemm_mxfp4_nt_groupwise",
-    "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp",
+    "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp", "gpt_oss_expert_mlp",
     "flash_attn_mxfp8_func", "flash_attn_mxfp8_varlen_func", "quantize_mxfp8_attn", "flash_attn_mxfp8_quantized",
     "attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append",
     "mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm",
@@ -65,11 +66,11 @@ __all__ = [
 
 
 def __getattr__(name):
-    # `lowbit.torch_ops` / `lowbit.nn` (and nn's load_quantized) import torch on first use only
-    if name in ("torch_ops", "nn", "load_quantized"):
+    # `lowbit.torch_ops` / `lowbit.nn` (and nn's load_quantized) / `lowbit.moe` import torch on first use only
+    if name in ("torch_ops", "nn", "load_quantized", "moe"):
         import importlib
 
-        mod = importlib.import_module(".torch_ops" if name == "torch_ops" else ".nn", __name__)
+        mod = importlib.import_module({"torch_ops": ".torch_ops", "moe": ".moe"}.get(name, ".nn"), __name__)
         return mod.load_quantized if name == "load_quantized" else mod
     raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
 

@@ -280,46 +280,76 @@ def group_gemm_mxfp4_prepack(b, b_scale, *, b_scale_layout: str = "blocked128x4"
     return pb, ps
 
 
-def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="bfloat16", *,
+def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr=None, out_dtype="bfloat16", *,
                                   a_scale_layout: str = "blocked128x4", b_scale_layout: str = "blocked128x4",
-                                  group_pad: str = "flashinfer", out=None, b_packed: bool = False, n=None):
-    """Grouped GEMM for MoE (FlashInfer conventions): ``out[m] = A[m] @ B[g]^T`` for the rows
-    ``m_indptr[g] <= m < m_indptr[g+1]`` of group g. A [cum_m, K] is MXFP8 (float8_e4m3fn /
-    float8_e5m2 codes, ``a_scale`` UE8M0 per 32 K-elements: "blocked128x4" with per-group
-    128-row padding (``group_pad``) or "row_major") or bfloat16 (W4A16, ``a_scale`` None).
-    B [G, N, K/2] is MXFP4 (E2M1, element 2k in the low nibble) with ``b_scale`` UE8M0 per 32
-    ("blocked128x4" per expert or "row_major"). Values are code * 2^(scale - 127); fp32 sums.
-    K % 32 == 0, N % 8 == 0; empty groups allowed. Scales of their stored shape in another memory
-    order (e.g. Fortran-ordered) are copied to row-major order first (NumPy and torch alike), so
-    they are read by index; a / b need their K elements contiguous (other strides are honoured). ``b_packed=True``: b / b_scale come from
-    group_gemm_mxfp4_prepack (b_scale_layout unused) and N is ``out.shape[1]`` or ``n``."""
+                                  group_pad: str = "flashinfer", out=None, b_packed: bool = False, n=None,
+                                  m_counts=None, expected_m: int = 0):
+    """Grouped GEMM for MoE (FlashInfer conventions): ``out[m] = A[m] @ B[g]^T`` for the rows m of
+    group g. A is MXFP8 (float8_e4m3fn / float8_e5m2 codes, ``a_scale`` UE8M0 per 32 K-elements:
+    "blocked128x4" with per-group 128-row padding (``group_pad``, m_indptr only) or "row_major") or
+    bfloat16 (W4A16, ``a_scale`` None). B [G, N, K/2] is MXFP4 (E2M1, element 2k in the low nibble)
+    with ``b_scale`` UE8M0 per 32 ("blocked128x4" per expert or "row_major"). Values are
+    code * 2^(scale - 127); fp32 sums. K % 32 == 0, N % 8 == 0; empty groups allowed.
+
+    The rows of the groups (docs/moe_ep.md), given by exactly one of:
+      ``m_indptr`` [G+1]: A [cum_m, K]; group g is rows m_indptr[g] .. m_indptr[g+1]-1.
+      ``m_counts`` [G] with A [M, K] (contiguous layout: tokens sorted by expert, DeepEP's
+          normal mode): group g is the m_counts[g] rows after those of groups < g; sum <= M.
+      ``m_counts`` [G] with A [G, max_tokens, K] (masked layout: DeepEP's low-latency mode,
+          pplx-kernels): group g is rows 0 .. m_counts[g]-1 of batch g; out is [G, max_tokens, N].
+    Rows outside the counts are neither read nor written (an allocated ``out`` leaves them
+    uninitialised: pass ``out`` to keep them). Host counts are validated (non-negative; contiguous:
+    sum <= M; masked: each <= max_tokens); CUDA counts are read on the device without a host
+    synchronisation (CUDA-graph safe) and clamped the same way instead. ``expected_m``: the masked
+    layout's typical count per group, a tile-size hint (0: max_tokens); it changes only the speed.
+
+    Scales of their stored shape in another memory order (e.g. Fortran-ordered) are copied to
+    row-major order first (NumPy and torch alike), so they are read by index; a / b need their K
+    elements contiguous (other strides are honoured). ``b_packed=True``: b / b_scale come from
+    group_gemm_mxfp4_prepack (b_scale_layout unused) and N is ``out.shape[-1]`` or ``n``."""
     op = "group_gemm_mxfp4_nt_groupwise"
-    for arg, v in (("a", a), ("b", b), ("b_scale", b_scale), ("m_indptr", m_indptr)):
+    for arg, v in (("a", a), ("b", b), ("b_scale", b_scale)):
         _required(v, op, arg)
+    if m_indptr is None and m_counts is None:
+        raise ValueError(f"{op}: argument 'm_indptr': is required (or m_counts: rows per group)")
+    if m_indptr is not None and m_counts is not None:
+        raise ValueError(f"{op}: argument 'm_counts': give either m_indptr or m_counts, not both")
     _writable(out, op)
     a = as_array(a, op, "a", float_default=False)
     be = Backend(a, op, "a")
-    if a.ndim != 2:
-        raise ValueError(f"{op}: argument 'a': expected [cum_m, K], got shape {tuple(a.shape)}")
+    if a.ndim not in (2, 3):
+        raise ValueError(f"{op}: argument 'a': expected [cum_m, K] or (masked layout) [G, max_tokens, K], got shape "
+                         f"{tuple(a.shape)}")
+    if a.ndim == 3 and m_counts is None:
+        raise ValueError(f"{op}: argument 'm_counts': is required with a 3-D a [G, max_tokens, K] (the masked layout)")
     dtype_name(a.dtype, op, "a")
     av, adt = c_view(a, op, "a")
-    m_indptr = _index_array(be, m_indptr, op, "m_indptr", 0)
+    if m_indptr is not None:
+        m_indptr = _index_array(be, m_indptr, op, "m_indptr", 0)
+    if m_counts is not None:
+        m_counts = _index_array(be, m_counts, op, "m_counts", 0)
+    expected_m = check_int(expected_m, op, "expected_m", 0)
     if out is None:
         if b_packed and n is None:
             raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
         if not b_packed and (not hasattr(b, "shape") or len(b.shape) != 3):
             raise ValueError(f"{op}: argument 'b': expected [groups, N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
-        out = be.empty((int(a.shape[0]), check_int(n, op, "n", 0) if b_packed else int(b.shape[1])),
-                       dtype_name(out_dtype, op, "out_dtype"))
+        N = check_int(n, op, "n", 0) if b_packed else int(b.shape[1])
+        out = be.empty(tuple(int(d) for d in a.shape[:-1]) + (N,), dtype_name(out_dtype, op, "out_dtype"))
     ov, odt = c_view(out, op, "out")
     pad = _choice(group_pad, _PADS, "group_pad", op)  # checked even when the layout does not use it
     akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
     if akind != _KINDS["blocked128x4"]:
         pad = _C.GroupPad.none
     bkind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
-    K = int(a.shape[1])
+    K = int(a.shape[-1])
     # scales of their stored shape are read by index (grouped a_scale must be row-major storage)
-    a_shapes = _group_scale_shapes(1, int(a.shape[0]), K, False) if akind == _KINDS["row_major"] else None
+    a_shapes = None
+    if akind == _KINDS["row_major"]:
+        rows = int(np.prod(a.shape[:-1]))
+        a_shapes = _group_scale_shapes(1, rows, K, False)
+        if a.ndim == 3:  # the masked layout's [G, max_tokens, K/32]
+            a_shapes[(int(a.shape[0]), int(a.shape[1]), K // 32)] = (0, 1, 2)
     b_shapes = None
     if not b_packed and hasattr(b, "shape") and len(b.shape) == 3:
         b_shapes = _group_scale_shapes(int(b.shape[0]), int(b.shape[1]), K, bkind == _KINDS["blocked128x4"])
@@ -328,8 +358,10 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr, out_dtype="b
         _C.group_gemm_mxfp4(av, adt, None if a_scale is None else _cb(a_scale, op, "a_scale", a_shapes),
                             akind, pad, _cb(b, op, "b"),
                             _cb(b_scale, op, "b_scale", b_shapes), bkind,
-                            c_view(m_indptr, op, "m_indptr")[0], ov, odt, b_packed=bool(b_packed),
-                            stream=be.stream())
+                            None if m_indptr is None else c_view(m_indptr, op, "m_indptr")[0], ov, odt,
+                            b_packed=bool(b_packed), stream=be.stream(),
+                            m_counts=None if m_counts is None else c_view(m_counts, op, "m_counts")[0],
+                            expected_m=expected_m)
     return out
 
 
@@ -366,4 +398,55 @@ def gpt_oss_moe_mlp(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b
                            _cb(w1, op, "w1"), _cb(w1_scale, op, "w1_scale"), b1v, b1dt, _cb(w2, op, "w2"),
                            _cb(w2_scale, op, "w2_scale"), b2v, b2dt, float(alpha), float(limit),
                            _choice(act, acts, "act", op), ov, odt, packed=bool(packed), stream=be.stream())
+    return out
+
+
+def gpt_oss_expert_mlp(x, m_counts, w1, w1_scale, b1, w2, w2_scale, b2, *, x_scale=None, alpha: float = 1.702,
+                       limit: float = 7.0, act: str = "bf16", out_dtype=None, out=None, packed: bool = False,
+                       expected_m: int = 0):
+    """The gpt-oss expert MLP over rows already grouped by expert (expert parallelism: the rows a
+    dispatch delivers to the GPU of the experts), without routing or weighting. For every row x_r
+    of local expert e: ``h = act(x_r) @ W1[e]^T + b1[e]`` (gate = h[0::2], up = h[1::2]);
+    ``g = min(gate, limit)``, ``u = clamp(up, -limit, limit)``; ``y = g * sigmoid(alpha g) * (u + 1)``;
+    ``out_r = act(y) @ W2[e]^T + b2[e]``: bit for bit the term gpt_oss_moe_mlp weights with
+    topk_weights for the same row and expert (CPU reference; the CUDA kernels within the fp32
+    summation-order rule of the MLP tests). Layouts (docs/moe_ep.md), ``m_counts`` [E] int32/int64:
+      x [M, H]: contiguous, expert e's rows are the m_counts[e] rows after those of experts < e
+        (sum <= M);
+      x [E, max_tokens, H]: masked, expert e's rows are rows 0 .. m_counts[e]-1 of batch e.
+    Rows outside the counts are neither read nor written (an allocated ``out`` leaves them
+    uninitialised). Host counts are validated, CUDA counts clamped on the device (no host
+    synchronisation). x: bfloat16 / float32, or MXFP8 as a quantized dispatch delivers it
+    (float8_e4m3fn codes with ``x_scale``: UE8M0 bytes [.., H/32] row-major; act() then rounds the
+    decoded values). W1 / W2 and their scales as in gpt_oss_moe_mlp (``packed`` likewise); act
+    "bf16" or "mxfp8"; ``expected_m``: the masked layout's tile-size hint. Returns ``out``, x's
+    leading shape with H (dtype ``out_dtype``, default x's, bfloat16 for MXFP8 x)."""
+    op = "gpt_oss_expert_mlp"
+    for arg, v in (("x", x), ("m_counts", m_counts), ("w1", w1), ("w1_scale", w1_scale), ("b1", b1), ("w2", w2),
+                   ("w2_scale", w2_scale), ("b2", b2)):
+        _required(v, op, arg)
+    _writable(out, op)
+    x = as_array(x, op, "x")
+    be = Backend(x, op, "x")
+    alpha, limit = check_float(alpha, op, "alpha"), check_float(limit, op, "limit")
+    expected_m = check_int(expected_m, op, "expected_m", 0)
+    xv, xdt = c_view(x, op, "x")
+    b1 = as_array(b1, op, "b1")
+    b2 = as_array(b2, op, "b2")
+    b1v, b1dt = c_view(b1, op, "b1")
+    b2v, b2dt = c_view(b2, op, "b2")
+    m_counts = _index_array(be, m_counts, op, "m_counts", 0)
+    if out is None:
+        xname = dtype_name(x.dtype, op, "x")
+        default = xname if xname in ("bfloat16", "float32") else "bfloat16"
+        out = be.empty(tuple(int(s) for s in x.shape),
+                       dtype_name(default if out_dtype is None else out_dtype, op, "out_dtype"))
+    ov, odt = c_view(out, op, "out")
+    acts = {"bf16": _C.ActQuant.bf16, "mxfp8": _C.ActQuant.mxfp8}
+    with be.guard():
+        _C.gpt_oss_expert_mlp(xv, xdt, None if x_scale is None else _cb(x_scale, op, "x_scale"),
+                              c_view(m_counts, op, "m_counts")[0], _cb(w1, op, "w1"), _cb(w1_scale, op, "w1_scale"),
+                              b1v, b1dt, _cb(w2, op, "w2"), _cb(w2_scale, op, "w2_scale"), b2v, b2dt, float(alpha),
+                              float(limit), _choice(act, acts, "act", op), ov, odt, packed=bool(packed),
+                              expected_m=expected_m, stream=be.stream())
     return out

@@ -29,8 +29,10 @@ Importing this module registers (torch >= 2.4):
         residual_dtype="float8_e5m2") -> (k_nf4, k_scale, k_residual)
     torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths) -> ()
         (mutates k_nf4, k_scale and k_residual)
-    torch.ops.lowbit.mxfp4_gemm / nvfp4_gemm (the dense linears) and gpt_oss_moe_mlp (the
-        gpt-oss expert MLP): signatures at their definitions below
+    torch.ops.lowbit.mxfp4_gemm / nvfp4_gemm (the dense linears), gpt_oss_moe_mlp (the gpt-oss
+        expert MLP), group_gemm_mxfp4_nt_groupwise (the grouped GEMM, its three row layouts) and
+        gpt_oss_expert_mlp (the expert MLP over expert-grouped rows): signatures at their
+        definitions below
 
 The NF4 K-cache decode ops (lowbit.decode_attention) run their sm_90a kernels on CUDA tensors;
 nf4_kcache_append copies its lengths to the host to validate them: a host synchronisation, the
@@ -380,3 +382,53 @@ def gpt_oss_moe_mlp(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tenso
 def _(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2, alpha=1.702, limit=7.0, act="bf16",
       packed=False):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# ---------------------------------------------------------------------------------------------
+# the grouped GEMM and the expert MLP over expert-grouped rows (expert parallelism; docs/moe_ep.md)
+#
+#   torch.ops.lowbit.group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr=None, m_counts=None,
+#       out_dtype=torch.bfloat16, a_scale_layout="blocked128x4", b_scale_layout="blocked128x4",
+#       group_pad="flashinfer", b_packed=False, n=None, expected_m=0) -> out [.., N] (a's leading shape)
+#   torch.ops.lowbit.gpt_oss_expert_mlp(x, m_counts, w1, w1_scale, b1, w2, w2_scale, b2, x_scale=None,
+#       alpha=1.702, limit=7.0, act="bf16", packed=False, expected_m=0, out_dtype=None) -> out (x's shape)
+# Rows outside m_counts are left uninitialised in the returned tensors (docs/moe_ep.md).
+
+from .gemm import gpt_oss_expert_mlp as _expert_mlp  # noqa: E402
+from .gemm import group_gemm_mxfp4_nt_groupwise as _group_gemm  # noqa: E402
+
+
+@torch.library.custom_op("lowbit::group_gemm_mxfp4_nt_groupwise", mutates_args=())
+def group_gemm_mxfp4_nt_groupwise(a: Tensor, b: Tensor, a_scale: Optional[Tensor], b_scale: Tensor,
+                                  m_indptr: Optional[Tensor] = None, m_counts: Optional[Tensor] = None,
+                                  out_dtype: torch.dtype = torch.bfloat16, a_scale_layout: str = "blocked128x4",
+                                  b_scale_layout: str = "blocked128x4", group_pad: str = "flashinfer",
+                                  b_packed: bool = False, n: Optional[int] = None, expected_m: int = 0) -> Tensor:
+    return _group_gemm(a, b, a_scale, b_scale, m_indptr, out_dtype, a_scale_layout=a_scale_layout,
+                       b_scale_layout=b_scale_layout, group_pad=group_pad, b_packed=b_packed, n=n, m_counts=m_counts,
+                       expected_m=expected_m)
+
+
+@group_gemm_mxfp4_nt_groupwise.register_fake
+def _(a, b, a_scale, b_scale, m_indptr=None, m_counts=None, out_dtype=torch.bfloat16, a_scale_layout="blocked128x4",
+      b_scale_layout="blocked128x4", group_pad="flashinfer", b_packed=False, n=None, expected_m=0):
+    if b_packed and n is None:
+        raise ValueError("group_gemm_mxfp4_nt_groupwise: argument 'n': is required with b_packed=True")
+    return a.new_empty(tuple(a.shape[:-1]) + (n if b_packed else b.shape[1],), dtype=out_dtype)
+
+
+@torch.library.custom_op("lowbit::gpt_oss_expert_mlp", mutates_args=())
+def gpt_oss_expert_mlp(x: Tensor, m_counts: Tensor, w1: Tensor, w1_scale: Tensor, b1: Tensor, w2: Tensor,
+                       w2_scale: Tensor, b2: Tensor, x_scale: Optional[Tensor] = None, alpha: float = 1.702,
+                       limit: float = 7.0, act: str = "bf16", packed: bool = False, expected_m: int = 0,
+                       out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    return _expert_mlp(x, m_counts, w1, w1_scale, b1, w2, w2_scale, b2, x_scale=x_scale, alpha=alpha, limit=limit,
+                       act=act, packed=packed, expected_m=expected_m, out_dtype=out_dtype)
+
+
+@gpt_oss_expert_mlp.register_fake
+def _(x, m_counts, w1, w1_scale, b1, w2, w2_scale, b2, x_scale=None, alpha=1.702, limit=7.0, act="bf16",
+      packed=False, expected_m=0, out_dtype=None):
+    if out_dtype is None:
+        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
+    return x.new_empty(tuple(x.shape), dtype=out_dtype)

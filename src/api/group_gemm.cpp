@@ -1,5 +1,5 @@
-// src/api/group_gemm.cpp: validation and dispatch of the grouped MXFP4 GEMM and its weight
-// prepack (lowbit/gemm.hpp).
+// src/api/group_gemm.cpp: validation and dispatch of the grouped MXFP4 GEMM (its three row layouts:
+// m_indptr, contiguous m_counts, masked m_counts) and its weight prepack (lowbit/moe.hpp).
 #include <cstdint>
 #include <vector>
 
@@ -42,36 +42,61 @@ void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, co
 
 void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   Checker c{"group_gemm_mxfp4_nt_groupwise"};
-  c.require(x.a, Req("a").dtypes({DType::kE4M3, DType::kE5M2, DType::kBFloat16}).rank(2, "[cum_m, K]").last_contiguous());
-  const int64_t M = x.a.shape[0], K = x.a.shape[1];
+  c.require(x.a, Req("a").dtypes({DType::kE4M3, DType::kE5M2, DType::kBFloat16})
+                     .rank(2, 3, "[cum_m, K] or (masked layout) [G, max_tokens, K]").last_contiguous());
+  const bool masked = x.a.ndim == 3;
+  const int64_t K = x.a.shape[x.a.ndim - 1];
+  const int64_t max_tokens = masked ? x.a.shape[1] : 0;
+  const int64_t M = masked ? c.mul("a", x.a.shape[0], x.a.shape[1]) : x.a.shape[0];  // rows of a
   if (K % 32 != 0 || K == 0) c.fail("a", "K = " + std::to_string(K) + " must be a positive multiple of 32 (the MX block)");
+  const int64_t a_sM = uniform_row_stride(c, x.a, "a");
   c.require(x.b, Req("b").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}));
   if (x.b.ndim != 3 || (!x.b_packed && x.b.shape[2] != K / 2))
     c.fail("b", "expected [groups, N, " + std::to_string(K / 2) + "], got " + x.b.describe());
   c.last_contiguous(x.b, "b");
   const int64_t G = x.b.shape[0];
   if (x.b_packed) c.present(x.out, "out");
-  const int64_t N = x.b_packed ? (x.out.ndim == 2 ? x.out.shape[1] : 0) : x.b.shape[1];
+  const int64_t N = x.b_packed ? (x.out.ndim == x.a.ndim ? x.out.shape[x.out.ndim - 1] : 0) : x.b.shape[1];
   if (N % 8 != 0 || N == 0) c.fail(x.b_packed ? "out" : "b", "N = " + std::to_string(N) + " must be a positive multiple of 8");
-  c.require(x.m_indptr, Req("m_indptr").dtypes({DType::kInt32, DType::kInt64}));
-  if (x.m_indptr.ndim != 1 || x.m_indptr.shape[0] != G + 1 || x.m_indptr.strides[0] != 1)
-    c.fail("m_indptr", "expected a contiguous [" + std::to_string(G + 1) + "] tensor (groups + 1), got " + x.m_indptr.describe());
-  c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat16}).shape({M, N}).last_contiguous());
+  const bool counts = x.m_counts.present();
+  if (counts && x.m_indptr.present()) c.fail("m_counts", "give either m_indptr or m_counts, not both");
+  if (masked && !counts)
+    c.fail("m_counts", "is required with a 3-D a [G, max_tokens, K] (the masked layout: rows per group)");
+  if (masked && x.a.shape[0] != G)
+    c.fail("a", "the masked layout takes one batch per group: expected [" + std::to_string(G) + ", max_tokens, " +
+                    std::to_string(K) + "], got " + x.a.describe());
+  if (counts) {
+    c.require(x.m_counts, Req("m_counts").dtypes({DType::kInt32, DType::kInt64}));
+    if (x.m_counts.ndim != 1 || x.m_counts.shape[0] != G || (G > 1 && x.m_counts.strides[0] != 1))
+      c.fail("m_counts", "expected a contiguous [" + std::to_string(G) + "] tensor (rows per group), got " + x.m_counts.describe());
+  } else {
+    c.require(x.m_indptr, Req("m_indptr").dtypes({DType::kInt32, DType::kInt64}));
+    if (x.m_indptr.ndim != 1 || x.m_indptr.shape[0] != G + 1 || x.m_indptr.strides[0] != 1)
+      c.fail("m_indptr", "expected a contiguous [" + std::to_string(G + 1) + "] tensor (groups + 1), got " + x.m_indptr.describe());
+  }
+  if (x.expected_m < 0) c.fail("expected_m", "expected a count >= 0 (0: max_tokens), got " + std::to_string(x.expected_m));
+  if (masked)
+    c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat16}).shape({G, max_tokens, N}).last_contiguous());
+  else
+    c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat16}).shape({M, N}).last_contiguous());
+  const int64_t o_sM = uniform_row_stride(c, x.out, "out");
 
   GroupGemmPlan p;
   p.M = M; p.N = N; p.K = K; p.G = G;
   p.a = x.a.data;
   p.a_dtype = x.a.dtype;
-  p.a_sM = x.a.strides[0];
+  p.a_sM = a_sM;
   p.b = x.b.ptr<uint8_t>();
   p.b_sG = x.b.strides[0];
   p.b_sN = x.b.strides[1];
   p.m_indptr = x.m_indptr.data;
   p.indptr64 = x.m_indptr.dtype == DType::kInt64;
-  std::vector<int64_t> indptr_copy;  // host m_indptr: the one copy that is validated and used
+  p.max_tokens = max_tokens;
+  p.expected_m = x.expected_m;
+  std::vector<int64_t> indptr_copy;  // host m_indptr / counts: the one copy that is validated and used
   p.out = x.out.data;
   p.out_dtype = x.out.dtype;
-  p.o_sM = x.out.strides[0];
+  p.o_sM = o_sM;
   if (x.a.dtype == DType::kBFloat16) {
     if (x.a_scale.present()) c.fail("a_scale", "bfloat16 activations (W4A16) take no scales");
   } else {
@@ -80,17 +105,32 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
     if (!(la.kind == ScaleLayoutKind::kRowMajor && la.group_pad == GroupPad::kNone) &&
         !(la.kind == ScaleLayoutKind::kBlocked128x4 && la.group_pad != GroupPad::kNone))
       c.fail("a_scale_layout", "expected row_major or blocked128x4 with per-group padding");
+    if (counts && la.kind != ScaleLayoutKind::kRowMajor)
+      c.fail("a_scale_layout", "the m_counts layouts take row_major activation scales (the per-group padded 128x4 "
+                               "layout is defined by m_indptr)");
     if (la.group_pad != GroupPad::kNone) check_groups(c, la, x.m_indptr, 1, M, &p.spa, &indptr_copy);
     plan_scales(c, x.a_scale, "a_scale", la, 1, M, K / 32, &p.spa, Checker::Batch::kFirst);
     p.a_scale = x.a_scale.ptr<uint8_t>();
   }
-  if (x.m_indptr.device == Device::kCPU && (x.a.dtype == DType::kBFloat16 || x.a_scale_layout.group_pad == GroupPad::kNone)) {
-    ScalePlan tmp;  // validates the boundaries (device-resident boundaries are trusted: no host sync)
-    check_groups(c, ScaleLayout::blocked128x4(GroupPad::kFlashInfer), x.m_indptr, 1, M, &tmp, &indptr_copy);
-  }
-  if (x.m_indptr.device == Device::kCPU) {  // the group bounds are read from the validated copy
-    p.m_indptr = indptr_copy.data();
-    p.indptr64 = true;
+  if (counts) {
+    if (x.m_counts.device == Device::kCPU) {  // validated here; device counts are clamped by the kernels (no host sync)
+      indptr_copy = host_count_bounds(c, x.m_counts, "m_counts", G, M, max_tokens);
+      p.m_indptr = indptr_copy.data();
+      p.indptr64 = true;
+    } else {
+      p.m_indptr = nullptr;
+      p.counts = x.m_counts.data;
+      p.counts64 = x.m_counts.dtype == DType::kInt64;
+    }
+  } else {
+    if (x.m_indptr.device == Device::kCPU && (x.a.dtype == DType::kBFloat16 || x.a_scale_layout.group_pad == GroupPad::kNone)) {
+      ScalePlan tmp;  // validates the boundaries (device-resident boundaries are trusted: no host sync)
+      check_groups(c, ScaleLayout::blocked128x4(GroupPad::kFlashInfer), x.m_indptr, 1, M, &tmp, &indptr_copy);
+    }
+    if (x.m_indptr.device == Device::kCPU) {  // the group bounds are read from the validated copy
+      p.m_indptr = indptr_copy.data();
+      p.indptr64 = true;
+    }
   }
   if (x.b_packed) {
     check_packed_weights(c, x.b, "b", x.b_scale, "b_scale", G, N, K, &p.spb);
@@ -103,7 +143,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   }
   p.b_scale = x.b_scale.ptr<uint8_t>();
   c.no_overlap({{"out", &x.out}}, {{"a", &x.a}, {"a_scale", &x.a_scale}, {"b", &x.b}, {"b_scale", &x.b_scale},
-                                   {"m_indptr", &x.m_indptr}});
+                                   {"m_indptr", &x.m_indptr}, {"m_counts", &x.m_counts}});
   if (c.dev == Device::kCPU) {
     ref::group_gemm_mxfp4(p);
     return;

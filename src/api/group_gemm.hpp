@@ -1,9 +1,11 @@
-// src/api/group_gemm.hpp: checks shared by the grouped MXFP4 GEMM and the gpt-oss MoE MLP.
+// src/api/group_gemm.hpp: checks shared by the grouped MXFP4 GEMM and the gpt-oss MoE MLPs (weights,
+// the row layouts of m_counts).
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "api/check.hpp"
 #include "lowbit/mxfp4_pack.hpp"
@@ -20,6 +22,40 @@ inline void check_packed_weights(Checker& c, const TensorView& b, const char* b_
   c.require(b, Req(b_arg).dtypes({DType::kUInt8, DType::kFloat4E2M1x2}).shape({G, Np, Kp / 2}).contiguous("packed weights"));
   c.require(s, Req(s_arg).dtypes({DType::kUE8M0, DType::kUInt8}).shape({G, Np, Kp / 32}).contiguous("packed scales"));
   plan_scales(c, s, s_arg, ScaleLayout::row_major(), G, Np, Kp / 32, sp, Checker::Batch::kFirst);
+}
+
+/// The element stride between consecutive rows of a 2-D [rows, C] tensor or of a 3-D
+/// [G, rows_per_group, C] one (the masked layout) whose rows all lie at one stride: the batch
+/// stride must be rows_per_group times the row stride (a contiguous tensor, or a row-sliced 2-D
+/// buffer viewed as 3-D), so that row r of group g is row g * rows_per_group + r of one matrix.
+inline int64_t uniform_row_stride(const Checker& c, const TensorView& t, const char* arg) {
+  if (t.ndim == 2) return t.strides[0];
+  if (t.shape[0] == 0 || t.shape[1] == 0) return t.strides[1];
+  if (t.shape[1] == 1) return t.strides[0];
+  if (t.shape[0] > 1 && t.strides[0] != t.shape[1] * t.strides[1])
+    c.fail(arg, "the masked layout reads every row at one stride: the first dimension's stride must be " +
+                    std::to_string(t.shape[1]) + " x the second's (e.g. a contiguous tensor), got " + t.describe());
+  return t.strides[1];
+}
+
+/// Host per-group row counts [G] (int32 / int64), copied once and validated: non-negative and,
+/// with max_tokens > 0 (masked layout), at most max_tokens each, else (contiguous layout) at most
+/// `rows` together. Returns the compact group bounds [G+1] (int64): the one copy that is used.
+inline std::vector<int64_t> host_count_bounds(const Checker& c, const TensorView& counts, const char* arg, int64_t G,
+                                              int64_t rows, int64_t max_tokens) {
+  std::vector<int64_t> ind(size_t(G + 1), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t v = counts.dtype == DType::kInt64 ? counts.ptr<int64_t>()[g] : int64_t(counts.ptr<int32_t>()[g]);
+    if (v < 0) c.fail(arg, "count " + std::to_string(v) + " of group " + std::to_string(g) + " is negative");
+    if (max_tokens > 0 && v > max_tokens)
+      c.fail(arg, "count " + std::to_string(v) + " of group " + std::to_string(g) + " exceeds max_tokens = " +
+                      std::to_string(max_tokens) + " (the rows of each group's batch)");
+    if (max_tokens == 0 && v > rows - ind[size_t(g)])
+      c.fail(arg, "the counts of groups 0.." + std::to_string(g) + " add up to more than the " + std::to_string(rows) +
+                      " rows given");
+    ind[size_t(g + 1)] = ind[size_t(g)] + v;
+  }
+  return ind;
 }
 
 /// The layout of per-expert weight scales: row-major or 128x4 blocked, not grouped.

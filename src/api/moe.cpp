@@ -1,4 +1,5 @@
-// src/api/moe.cpp: validation and dispatch of the gpt-oss MoE MLP (lowbit/gemm.hpp).
+// src/api/moe.cpp: validation and dispatch of the gpt-oss MoE MLPs (lowbit/moe.hpp): the routed one
+// (gpt_oss_moe_mlp) and the one over expert-grouped rows (gpt_oss_expert_mlp).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,11 +15,12 @@
 namespace lowbit {
 using namespace detail;
 
-void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
-  Checker c{"gpt_oss_moe_mlp"};
-  c.require(x.x, Req("x").dtypes({DType::kBFloat16, DType::kFloat32}).rank(2, "[T, H]").last_contiguous());
-  const int64_t T = x.x.shape[0], H = x.x.shape[1];
-  if (H % 32 != 0 || H == 0) c.fail("x", "hidden size H = " + std::to_string(H) + " must be a positive multiple of 32");
+namespace {
+
+/// Checks the expert weights and biases of an MLP call (MoeMlpArgs / ExpertMlpArgs) for hidden size
+/// H; returns the experts E and the intermediate size I.
+template <typename Args>
+void check_mlp_weights(Checker& c, const Args& x, int64_t H, int64_t* E_out, int64_t* I_out) {
   c.require(x.w1, Req("w1").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}));
   if (x.packed) {  // E and I from b1 [E, 2I]
     c.present(x.b1, "b1");
@@ -43,6 +45,32 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   const DTypes bias = {DType::kFloat32, DType::kBFloat16};
   c.require(x.b1, Req("b1").dtypes(bias).shape({E, 2 * I}).last_contiguous());
   c.require(x.b2, Req("b2").dtypes(bias).shape({E, H}).last_contiguous());
+  *E_out = E;
+  *I_out = I;
+}
+
+/// The weight, bias, activation and SwiGLU fields of the plan (arguments checked).
+template <typename Args>
+void plan_mlp_weights(const Args& x, MoeMlpPlan* pp) {
+  MoeMlpPlan& p = *pp;
+  p.w1 = static_cast<const uint8_t*>(x.w1.data); p.w1_sE = x.w1.strides[0]; p.w1_sR = x.w1.strides[1];
+  p.w1s = static_cast<const uint8_t*>(x.w1_scale.data); p.w1s_sE = x.w1_scale.strides[0]; p.w1s_sR = x.w1_scale.strides[1];
+  p.w2 = static_cast<const uint8_t*>(x.w2.data); p.w2_sE = x.w2.strides[0]; p.w2_sR = x.w2.strides[1];
+  p.w2s = static_cast<const uint8_t*>(x.w2_scale.data); p.w2s_sE = x.w2_scale.strides[0]; p.w2s_sR = x.w2_scale.strides[1];
+  p.b1 = x.b1.data; p.b1_dtype = x.b1.dtype; p.b1_sE = x.b1.strides[0];
+  p.b2 = x.b2.data; p.b2_dtype = x.b2.dtype; p.b2_sE = x.b2.strides[0];
+  p.alpha = x.alpha; p.limit = x.limit; p.act_mxfp8 = x.act == ActQuant::kMXFP8; p.packed = x.packed;
+}
+
+}  // namespace
+
+void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
+  Checker c{"gpt_oss_moe_mlp"};
+  c.require(x.x, Req("x").dtypes({DType::kBFloat16, DType::kFloat32}).rank(2, "[T, H]").last_contiguous());
+  const int64_t T = x.x.shape[0], H = x.x.shape[1];
+  if (H % 32 != 0 || H == 0) c.fail("x", "hidden size H = " + std::to_string(H) + " must be a positive multiple of 32");
+  int64_t E = 0, I = 0;
+  check_mlp_weights(c, x, H, &E, &I);
   c.present(x.topk_ids, "topk_ids");
   if (x.topk_ids.dtype == DType::kInt64)
     c.fail("topk_ids", "expected dtype int32 expert ids, got int64 (convert torch.topk's int64 indices to int32; "
@@ -60,13 +88,7 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   p.x = x.x.data; p.x_dtype = x.x.dtype; p.x_sT = x.x.strides[0];
   p.ids = x.topk_ids.ptr<int32_t>(); p.ids_sT = x.topk_ids.strides[0];
   p.weights = x.topk_weights.ptr<float>(); p.w_sT = x.topk_weights.strides[0];
-  p.w1 = x.w1.ptr<uint8_t>(); p.w1_sE = x.w1.strides[0]; p.w1_sR = x.w1.strides[1];
-  p.w1s = x.w1_scale.ptr<uint8_t>(); p.w1s_sE = x.w1_scale.strides[0]; p.w1s_sR = x.w1_scale.strides[1];
-  p.w2 = x.w2.ptr<uint8_t>(); p.w2_sE = x.w2.strides[0]; p.w2_sR = x.w2.strides[1];
-  p.w2s = x.w2_scale.ptr<uint8_t>(); p.w2s_sE = x.w2_scale.strides[0]; p.w2s_sR = x.w2_scale.strides[1];
-  p.b1 = x.b1.data; p.b1_dtype = x.b1.dtype; p.b1_sE = x.b1.strides[0];
-  p.b2 = x.b2.data; p.b2_dtype = x.b2.dtype; p.b2_sE = x.b2.strides[0];
-  p.alpha = x.alpha; p.limit = x.limit; p.act_mxfp8 = x.act == ActQuant::kMXFP8; p.packed = x.packed;
+  plan_mlp_weights(x, &p);
   p.out = x.out.data; p.out_dtype = x.out.dtype; p.o_sT = x.out.strides[0];
   c.no_overlap({{"out", &x.out}}, {{"x", &x.x}, {"topk_ids", &x.topk_ids}, {"topk_weights", &x.topk_weights},
                                    {"w1", &x.w1}, {"w1_scale", &x.w1_scale}, {"b1", &x.b1}, {"w2", &x.w2},
@@ -100,6 +122,79 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
   if (T * k >= (int64_t(1) << 31)) c.fail("topk_ids", "T * k must be below 2^31 routed rows");
 #endif
   run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::gpt_oss_moe_mlp(p, stream.handle); });
+}
+
+void gpt_oss_expert_mlp(const ExpertMlpArgs& x, Stream stream) {
+  Checker c{"gpt_oss_expert_mlp"};
+  c.require(x.x, Req("x").dtypes({DType::kBFloat16, DType::kFloat32, DType::kE4M3})
+                     .rank(2, 3, "[M, H] (contiguous layout) or [E, max_tokens, H] (masked layout)").last_contiguous());
+  const bool masked = x.x.ndim == 3;
+  const int64_t H = x.x.shape[x.x.ndim - 1];
+  const int64_t max_tokens = masked ? x.x.shape[1] : 0;
+  const int64_t M = masked ? c.mul("x", x.x.shape[0], x.x.shape[1]) : x.x.shape[0];  // rows of x
+  if (H % 32 != 0 || H == 0) c.fail("x", "hidden size H = " + std::to_string(H) + " must be a positive multiple of 32");
+  const int64_t x_sT = uniform_row_stride(c, x.x, "x");
+  int64_t E = 0, I = 0;
+  check_mlp_weights(c, x, H, &E, &I);
+  if (masked && x.x.shape[0] != E)
+    c.fail("x", "the masked layout takes one batch per expert: expected [" + std::to_string(E) + ", max_tokens, " +
+                    std::to_string(H) + "], got " + x.x.describe());
+  c.require(x.m_counts, Req("m_counts").dtypes({DType::kInt32, DType::kInt64}));
+  if (x.m_counts.ndim != 1 || x.m_counts.shape[0] != E || (E > 1 && x.m_counts.strides[0] != 1))
+    c.fail("m_counts", "expected a contiguous [" + std::to_string(E) + "] tensor (rows per expert), got " + x.m_counts.describe());
+  const bool mx = x.x.dtype == DType::kE4M3;
+  if (mx) {
+    c.require(x.x_scale, Req("x_scale").dtypes({DType::kUE8M0, DType::kUInt8}).contiguous("x_scale"));
+    const int64_t want = c.mul("x_scale", M, H / 32);
+    if (x.x_scale.numel() != want)
+      c.fail("x_scale", "expected " + std::to_string(want) + " scale bytes (one per 32 elements of every row of x, "
+                        "row-major), got " + x.x_scale.describe());
+  } else if (x.x_scale.present()) {
+    c.fail("x_scale", "only MXFP8 x (float8_e4m3fn codes) takes scales");
+  }
+  if (x.expected_m < 0) c.fail("expected_m", "expected a count >= 0 (0: max_tokens), got " + std::to_string(x.expected_m));
+  if (masked)
+    c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat32}).shape({E, max_tokens, H}).last_contiguous());
+  else
+    c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat32}).shape({M, H}).last_contiguous());
+  const int64_t o_sT = uniform_row_stride(c, x.out, "out");
+  if (!(x.limit > 0.0f)) c.fail("limit", "expected limit > 0, got " + std::to_string(x.limit));
+  if (!std::isfinite(x.alpha)) c.fail("alpha", "expected a finite alpha, got " + std::to_string(x.alpha));
+  MoeMlpPlan p;
+  p.T = M; p.H = H; p.I = I; p.E = E; p.topk = 0;
+  p.x = x.x.data; p.x_dtype = x.x.dtype; p.x_sT = x_sT;
+  if (mx) {
+    p.x_scale = x.x_scale.ptr<uint8_t>();
+    p.xs_sT = H / 32;
+  }
+  plan_mlp_weights(x, &p);
+  p.out = x.out.data; p.out_dtype = x.out.dtype; p.o_sT = o_sT;
+  p.expert_rows = true;
+  p.max_tokens = max_tokens;
+  p.expected_m = x.expected_m;
+  c.no_overlap({{"out", &x.out}}, {{"x", &x.x}, {"x_scale", &x.x_scale}, {"m_counts", &x.m_counts}, {"w1", &x.w1},
+                                   {"w1_scale", &x.w1_scale}, {"b1", &x.b1}, {"w2", &x.w2}, {"w2_scale", &x.w2_scale},
+                                   {"b2", &x.b2}});
+  std::vector<int64_t> bounds;  // host counts: the one copy that is validated and used
+  if (x.m_counts.device == Device::kCPU) {
+    bounds = host_count_bounds(c, x.m_counts, "m_counts", E, M, max_tokens);
+    p.row_indptr = bounds.data();
+  } else {
+    p.counts = x.m_counts.data;
+    p.counts64 = x.m_counts.dtype == DType::kInt64;
+  }
+  if (c.dev == Device::kCPU) {
+    ref::gpt_oss_expert_mlp(p);
+    return;
+  }
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+  require_aligned16(c, x.w1, "w1", {p.w1_sE, p.w1_sR});
+  require_aligned16(c, x.w2, "w2", {p.w2_sE, p.w2_sR});
+  if (x.packed && (reinterpret_cast<uintptr_t>(p.w1s) % 8 != 0 || reinterpret_cast<uintptr_t>(p.w2s) % 8 != 0))
+    c.fail("w1_scale", "the CUDA kernel needs 8-byte aligned packed scales");
+  if (M >= (int64_t(1) << 31)) c.fail("x", "the CUDA MLP takes fewer than 2^31 rows, got " + std::to_string(M));
+#endif
+  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::gpt_oss_expert_mlp(p, stream.handle); });
 }
 
 }  // namespace lowbit

@@ -19,8 +19,17 @@ struct GroupGemmPlan {
   bool b_packed = false;  ///< b / b_scale in the group_gemm_mxfp4_prepack layout (spb: row-major Np x Kp/32)
   const uint8_t* b_scale = nullptr;
   ScalePlan spb;  ///< N x K/32 per group (batch = group)
+  /// Group bounds [G+1] in the compact row space: m_indptr itself, or (m_counts given on the host)
+  /// the prefix sums of the validated counts; null when the counts live on the device (`counts`:
+  /// the kernels derive the bounds there).
   const void* m_indptr = nullptr;
   bool indptr64 = false;
+  const void* counts = nullptr;  ///< device m_counts [G] (int32 / int64), not validated: clamped by the kernels
+  bool counts64 = false;
+  /// Masked layout: rows per group of a, a_scale and out (M = G x max_tokens rows); 0: the rows of
+  /// a group are its compact rows (boundaries and contiguous counts).
+  int64_t max_tokens = 0;
+  int64_t expected_m = 0;  ///< masked layout: tile-size hint (0: max_tokens)
   void* out = nullptr;
   DType out_dtype = DType::kBFloat16;
   int64_t o_sM = 0;
@@ -31,6 +40,10 @@ struct GroupGemmPlan {
 
   LOWBIT_HOST_DEVICE int64_t bound(int64_t g) const {
     return indptr64 ? static_cast<const int64_t*>(m_indptr)[g] : int64_t(static_cast<const int32_t*>(m_indptr)[g]);
+  }
+  /// Row of a, a_scale and out of compact row m of group g.
+  LOWBIT_HOST_DEVICE int64_t phys_row(int64_t g, int64_t m) const {
+    return max_tokens ? g * max_tokens + (m - bound(g)) : m;
   }
 };
 
@@ -78,6 +91,31 @@ struct MoeMlpPlan {
   void* out = nullptr;
   DType out_dtype = DType::kBFloat16;
   int64_t o_sT = 0;
+
+  // gpt_oss_expert_mlp: rows already grouped by expert, no routing, no weighting (ids / weights /
+  // topk unused). T: the rows of x and out (masked: E x max_tokens).
+  bool expert_rows = false;
+  /// Host: the compact bounds [E+1] of the validated counts (CPU reference); null when the counts
+  /// live on the device (`counts`, clamped by the kernels).
+  const int64_t* row_indptr = nullptr;
+  const void* counts = nullptr;
+  bool counts64 = false;
+  int64_t max_tokens = 0;  ///< masked layout: rows per expert of x / out; 0: contiguous
+  int64_t expected_m = 0;  ///< masked layout: tile-size hint (0: max_tokens)
+  /// MXFP8 x (x_dtype kE4M3): UE8M0 scale bytes, one per 32 elements, row r's at x_scale + r * xs_sT.
+  const uint8_t* x_scale = nullptr;
+  int64_t xs_sT = 0;
+
+  /// Element k of x row r in fp32 (MXFP8 x decoded exactly; NaN scale byte -> NaN).
+  LOWBIT_HOST_DEVICE float x_value(int64_t r, int64_t k) const {
+    if (x_scale) return decode_e4m3(static_cast<const uint8_t*>(x)[r * x_sT + k]) * decode_ue8m0(x_scale[r * xs_sT + k / 32]);
+    return load_float(x, x_dtype, r * x_sT + k);
+  }
+  /// Row of x / out of compact row r of expert e (expert_rows; `ind` the compact bounds).
+  template <typename IndT>
+  LOWBIT_HOST_DEVICE int64_t expert_row(const IndT* ind, int64_t e, int64_t r) const {
+    return max_tokens ? e * max_tokens + (r - int64_t(ind[e])) : r;
+  }
 };
 
 }  // namespace lowbit::detail

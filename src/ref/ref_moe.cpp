@@ -1,6 +1,7 @@
-// src/ref/ref_moe.cpp: CPU references of the MXFP4 grouped GEMM, its weight prepack and the gpt-oss
-// expert MLP: dequantize every operand exactly to fp32, accumulate in fp64, epilogue in fp32. The
-// grouped GEMM with one group and a bias is also the dense mxfp4_gemm's reference.
+// src/ref/ref_moe.cpp: CPU references of the MXFP4 grouped GEMM (every row layout), its weight
+// prepack and the gpt-oss expert MLPs (routed, and over expert-grouped rows): dequantize every
+// operand exactly to fp32, accumulate in fp64, epilogue in fp32. The grouped GEMM with one group and
+// a bias is also the dense mxfp4_gemm's reference.
 #include <cmath>
 #include <vector>
 
@@ -13,8 +14,9 @@ using namespace lowbit::detail;
 
 void group_gemm_mxfp4(const GroupGemmPlan& p) {
   for (int64_t g = 0; g < p.G; ++g) {
-    const int64_t m0 = p.bound(g), m1 = p.bound(g + 1);
-    if (m1 <= m0) continue;
+    const int64_t c0 = p.bound(g), c1 = p.bound(g + 1);  // compact rows of the group
+    if (c1 <= c0) continue;
+    const int64_t m0 = p.phys_row(g, c0), m1 = m0 + (c1 - c0);  // its rows of a and out
     std::vector<float> B(size_t(p.N * p.K));
     const uint8_t* bg = p.b + g * p.b_sG;
     for (int64_t n = 0; n < p.N; ++n)
@@ -85,35 +87,57 @@ void mxfp4_prepack(const Mxfp4PackPlan& p) {
   });
 }
 
+namespace {
+/// One expert's term of the MLP for an activation row x (already through act()):
+/// o[h] = act(y) @ W2[e]^T + b2[e] with y the clamped SwiGLU of act(x) @ W1[e]^T + b1[e] (y: I
+/// floats of scratch). Shared by the routed MLP and the expert-row MLP, so that both give the
+/// same bits for the same (row, expert).
+void expert_term(const MoeMlpPlan& p, int64_t e, const float* x, float* y, float* o) {
+  for (int64_t i = 0; i < p.I; ++i) {
+    float hv[2];
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = 2 * i + r;
+      const double d = mxfp4_row_dot(p.w1 + e * p.w1_sE + row * p.w1_sR, p.w1s + e * p.w1s_sE + row * p.w1s_sR, x,
+                                     p.H, p.packed);
+      hv[r] = float(d) + load_float(p.b1, p.b1_dtype, e * p.b1_sE + row);
+    }
+    const float g = hv[0] < p.limit ? hv[0] : p.limit;
+    const float u = hv[1] < -p.limit ? -p.limit : (hv[1] > p.limit ? p.limit : hv[1]);
+    y[i] = g * (1.0f / (1.0f + std::exp(-p.alpha * g))) * (u + 1.0f);
+  }
+  round_activation(y, p.I, p.act_mxfp8);
+  for (int64_t h = 0; h < p.H; ++h) {
+    const double d = mxfp4_row_dot(p.w2 + e * p.w2_sE + h * p.w2_sR, p.w2s + e * p.w2s_sE + h * p.w2s_sR, y, p.I, p.packed);
+    o[h] = float(d) + load_float(p.b2, p.b2_dtype, e * p.b2_sE + h);
+  }
+}
+}  // namespace
+
 void gpt_oss_moe_mlp(const MoeMlpPlan& p) {
   parallel_for(p.T, [&](int64_t t) {
-    std::vector<float> x(size_t(p.H)), y(size_t(p.I)), acc(size_t(p.H), 0.0f);
+    std::vector<float> x(size_t(p.H)), y(size_t(p.I)), o(size_t(p.H)), acc(size_t(p.H), 0.0f);
     for (int64_t h = 0; h < p.H; ++h) x[size_t(h)] = load_float(p.x, p.x_dtype, t * p.x_sT + h);
     round_activation(x.data(), p.H, p.act_mxfp8);
     for (int64_t j = 0; j < p.topk; ++j) {
       const int32_t e = p.ids[t * p.ids_sT + j];
       if (e < 0) continue;
       const float wt = p.weights[t * p.w_sT + j];
-      for (int64_t i = 0; i < p.I; ++i) {
-        float hv[2];
-        for (int r = 0; r < 2; ++r) {
-          const int64_t row = 2 * i + r;
-          const double d = mxfp4_row_dot(p.w1 + e * p.w1_sE + row * p.w1_sR, p.w1s + e * p.w1s_sE + row * p.w1s_sR,
-                                         x.data(), p.H, p.packed);
-          hv[r] = float(d) + load_float(p.b1, p.b1_dtype, e * p.b1_sE + row);
-        }
-        const float g = hv[0] < p.limit ? hv[0] : p.limit;
-        const float u = hv[1] < -p.limit ? -p.limit : (hv[1] > p.limit ? p.limit : hv[1]);
-        y[size_t(i)] = g * (1.0f / (1.0f + std::exp(-p.alpha * g))) * (u + 1.0f);
-      }
-      round_activation(y.data(), p.I, p.act_mxfp8);
-      for (int64_t h = 0; h < p.H; ++h) {
-        const double d = mxfp4_row_dot(p.w2 + e * p.w2_sE + h * p.w2_sR, p.w2s + e * p.w2s_sE + h * p.w2s_sR, y.data(), p.I, p.packed);
-        const float o = float(d) + load_float(p.b2, p.b2_dtype, e * p.b2_sE + h);
-        acc[size_t(h)] += wt * o;
-      }
+      expert_term(p, e, x.data(), y.data(), o.data());
+      for (int64_t h = 0; h < p.H; ++h) acc[size_t(h)] += wt * o[size_t(h)];
     }
     for (int64_t h = 0; h < p.H; ++h) store_float(p.out, p.out_dtype, t * p.o_sT + h, acc[size_t(h)]);
+  });
+}
+
+void gpt_oss_expert_mlp(const MoeMlpPlan& p) {
+  const int64_t rows = p.row_indptr[p.E];  // compact rows of all experts
+  parallel_for(rows, [&](int64_t r) {
+    const int64_t e = group_of_row(p.row_indptr, p.E, r), xr = p.expert_row(p.row_indptr, e, r);
+    std::vector<float> x(size_t(p.H)), y(size_t(p.I)), o(size_t(p.H));
+    for (int64_t h = 0; h < p.H; ++h) x[size_t(h)] = p.x_value(xr, h);
+    round_activation(x.data(), p.H, p.act_mxfp8);
+    expert_term(p, e, x.data(), y.data(), o.data());
+    for (int64_t h = 0; h < p.H; ++h) store_float(p.out, p.out_dtype, xr * p.o_sT + h, o[size_t(h)]);
   });
 }
 

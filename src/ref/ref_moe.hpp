@@ -12,6 +12,9 @@ void group_gemm_mxfp4(const detail::GroupGemmPlan& p);
 void mxfp4_prepack(const detail::Mxfp4PackPlan& p);
 
 void gpt_oss_moe_mlp(const detail::MoeMlpPlan& p);
+/// gpt_oss_expert_mlp (p.expert_rows, host p.row_indptr): each row of an expert's group gets that
+/// expert's unweighted term, bit for bit the term gpt_oss_moe_mlp weights for the same row.
+void gpt_oss_expert_mlp(const detail::MoeMlpPlan& p);
 /// Rounds v[0..n) in place as an activation entering an expert GEMM (bf16, or MXFP8 E4M3
 /// RCEIL per 32: quantize + dequantize).
 void round_activation(float* v, int64_t n, bool mxfp8);

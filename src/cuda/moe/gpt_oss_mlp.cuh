@@ -1,5 +1,6 @@
-// src/cuda/moe/gpt_oss_mlp.cuh: kernels of the gpt-oss expert MLP around the grouped GEMM: routing,
-// gather (with the activation rounding) and the weighted combine.
+// src/cuda/moe/gpt_oss_mlp.cuh: kernels of the gpt-oss expert MLPs around the grouped GEMM: routing,
+// gather (with the activation rounding; from routed tokens or from expert-grouped rows) and the
+// weighted combine.
 #pragma once
 
 #include "cuda/moe/group_prepass.cuh"
@@ -47,8 +48,9 @@ __global__ void route_kernel(MoeMlpPlan p, int32_t* indptr, int32_t* pos, int32_
 }
 
 /// Kernel activation rows [rows][Kp] (act_pos order, zero beyond K) of the sorted rows r <
-/// indptr[E]: from x[token of src_slot[r]] (gather) or from y[r] (fp32 [rows][K]), rounded to bf16
-/// or through MXFP8 E4M3 (RCEIL) as the reference's act() does. One warp per (row, 64-wide block).
+/// indptr[E]: from x[token of src_slot[r]] (gather; p.expert_rows: from x's row of compact row r,
+/// MXFP8 x decoded) or from y[r] (fp32 [rows][K]), rounded to bf16 or through MXFP8 E4M3 (RCEIL)
+/// as the reference's act() does. One warp per (row, 64-wide block).
 __global__ void prep_rows_kernel(MoeMlpPlan p, const int32_t* indptr, const int32_t* src_slot, const float* y,
                                  int64_t K, int64_t Kp, int KT, uint16_t* act) {
   griddep_wait();
@@ -59,10 +61,11 @@ __global__ void prep_rows_kernel(MoeMlpPlan p, const int32_t* indptr, const int3
   const BlockFormat f = BlockFormat::mxfp8();
   for (int64_t item = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5); item < items; item += warps) {
     const int64_t r = item / kblocks, k0 = (item % kblocks) * 64, k = k0 + 2 * lane;
-    const int64_t t = y ? 0 : src_slot[r] / p.topk;
+    int64_t t = 0;  // the x row
+    if (!y) t = p.expert_rows ? p.expert_row(indptr, group_of_row(indptr, p.E, r), r) : src_slot[r] / p.topk;
     float v[2] = {0.0f, 0.0f};
     if (k < K) {
-      for (int h = 0; h < 2; ++h) v[h] = y ? y[r * K + k + h] : load_float(p.x, p.x_dtype, t * p.x_sT + k + h);
+      for (int h = 0; h < 2; ++h) v[h] = y ? y[r * K + k + h] : p.x_value(t, k + h);
     }
     if (p.act_mxfp8) {
       // MX block of 32 = 16 lanes: amax over them (bits of |v|, NaN above Inf as the reference)

@@ -7,10 +7,12 @@
 namespace lowbit::cuda {
 namespace {
 
-/// Exact fp32 recomputation of one accumulator entry (row R, token m) over K elements [k0, k1).
+/// Exact fp32 recomputation of one accumulator entry (row R, compact token row m of group g) over
+/// K elements [k0, k1).
 __device__ float exact_dot(const GroupArgs& A, int64_t g, int64_t R, int64_t m, int64_t k0, int64_t k1) {
   const int64_t n = A.wrow(R);
-  const int64_t srow = (A.a && A.a_scale) ? A.a_scale_row(m) : 0;
+  const int64_t am = A.a ? A.a_row(g, m) : m;  // the row of the original A
+  const int64_t srow = (A.a && A.a_scale) ? A.a_scale_row(am) : 0;
   float acc = 0.0f, sa = 1.0f;
   for (int64_t k = k0; k < k1; ++k) {
     float av;
@@ -18,10 +20,10 @@ __device__ float exact_dot(const GroupArgs& A, int64_t g, int64_t R, int64_t m, 
       if (A.a_scale) {
         if ((k & 31) == 0 || k == k0)
           sa = decode_ue8m0(A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, k >> 5)]);
-        const uint8_t c = static_cast<const uint8_t*>(A.a)[m * A.a_sM + k];
+        const uint8_t c = static_cast<const uint8_t*>(A.a)[am * A.a_sM + k];
         av = (A.a_dtype == DType::kE4M3 ? decode_e4m3(c) : decode_e5m2(c)) * sa;
       } else {
-        av = decode_bf16(static_cast<const uint16_t*>(A.a)[m * A.a_sM + k]);
+        av = decode_bf16(static_cast<const uint16_t*>(A.a)[am * A.a_sM + k]);
       }
     } else {
       av = decode_bf16(A.act[m * A.Kp + act_index(k, A.KT)]);
@@ -42,7 +44,7 @@ __device__ __forceinline__ float swiglu(const GroupArgs& A, float hg, float hu) 
   return g * (1.0f / (1.0f + expf(-A.mlp.alpha * g))) * (u + 1.0f);
 }
 
-/// Final store of kernel rows (R, R + 8) for token m, group g.
+/// Final store of kernel rows (R, R + 8) to output row m (a compact row plus A.o_offset(g)), group g.
 __device__ __forceinline__ void store_pair(const GroupArgs& A, int64_t g, int64_t m, int64_t R, float v0, float v1) {
   if (A.mode == kEpiSwiglu) {
     const int64_t f = (R >> 4) * 8 + (R & 7);  // feature: stored rows 2f (gate) and 2f + 1 (up)
@@ -70,8 +72,10 @@ __device__ __forceinline__ uint32_t pick_byte(uint32_t w0, uint32_t w1, uint32_t
 
 /// Epilogue of a CTA's tile, run by all its threads: the exactness check (activation blocks the
 /// pre-pass flagged), then this thread's accumulator rows rl, rl + 8 for its tokens (consumer
-/// false: none), unshifted by 2^kWShift, to the output or the split-K partials.
-template <int kTileN, int kTileK>
+/// false: none), unshifted by 2^kWShift, to the output (its rows: GroupArgs::o_offset) or the
+/// split-K partials (compact rows). m0 / m1: the tile's compact rows. Its CTA barrier also ends the
+/// tile's use of shared memory (a CTA looping over work items reuses it after this).
+template <int kTileN, int kTileK, bool kItems = false>
 __device__ __forceinline__ void finish_tile(const GroupArgs& A, const float (&acc)[kTileN / 2], bool consumer,
                                             int tid, int rl, int t, int64_t grp, int64_t m0, int64_t m1, int64_t R0,
                                             int split, int64_t kt0, int64_t kt1) {
@@ -81,26 +85,46 @@ __device__ __forceinline__ void finish_tile(const GroupArgs& A, const float (&ac
   bad = __syncthreads_or(bad);
   if (!consumer) return;
   const int64_t kb = kt0 * kTileK, ke = kt1 * kTileK < A.K ? kt1 * kTileK : A.K;
+  const int64_t ooff = A.splits == 1 ? A.o_offset(grp) : 0;  // output row of compact row m: m + ooff
+  const int64_t R = R0 + rl;
+  auto put = [&](int64_t m, float v0, float v1) {
+    if (A.splits == 1) {
+      store_pair(A, grp, m + ooff, R, v0, v1);
+    } else {
+      float* w = A.ws + (int64_t(split) * A.M + m) * A.N;
+      w[R] = v0;
+      if (R + 8 < A.N) w[R + 8] = v1;
+    }
+  };
+  // NOTE (kItems): the exact recomputation (rare) takes its own loop, which reads no accumulator,
+  // so that the unrolled loop over the accumulators stays small enough to be unrolled (kept in
+  // registers) inside the kernels' loop over work items. Without the item loop the one loop below
+  // is unrolled whole (and ptxas allocates that form best: the split form spilled in the K loop of
+  // the 32-token kernels).
+  if constexpr (kItems) {
+    if (bad) {
+#pragma unroll 1
+      for (int i = 0; i < kTileN / 4; ++i) {
+        const int64_t m = m0 + 8 * (i >> 1) + 2 * t + (i & 1);
+        if (m >= m1 || R >= A.N) continue;
+        put(m, exact_dot(A, grp, R, m, kb, ke), R + 8 < A.N ? exact_dot(A, grp, R + 8, m, kb, ke) : 0.0f);
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kTileN / 8; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t m = m0 + 8 * j + 2 * t + h;
-      const int64_t R = R0 + rl;
       if (m >= m1 || R >= A.N) continue;
       const float un = A.tok_scale ? A.tok_scale[m] : kWUnshift;  // a power of two: exact
       float v0 = acc[4 * j + h] * un, v1 = acc[4 * j + 2 + h] * un;
-      if (bad) {
+      if (!kItems && bad) {
         v0 = exact_dot(A, grp, R, m, kb, ke);
         v1 = R + 8 < A.N ? exact_dot(A, grp, R + 8, m, kb, ke) : 0.0f;
       }
-      if (A.splits == 1) {
-        store_pair(A, grp, m, R, v0, v1);
-      } else {
-        float* w = A.ws + (int64_t(split) * A.M + m) * A.N;
-        w[R] = v0;
-        if (R + 8 < A.N) w[R + 8] = v1;
-      }
+      put(m, v0, v1);
     }
   }
 }

@@ -10,21 +10,22 @@
 namespace lowbit::cuda {
 namespace {
 
-template <int kTileN, int kStages, int kTileK, bool kPackedB>
+template <int kTileN, int kStages, int kTileK, bool kPackedB, bool kItems>
 cudaError_t launch_group_pk(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
   using SS = StageShape<kTileK>;
   constexpr int kStageBytes = (kTileN * kTileK * 2 + SS::kWBytes + SS::kSBytes + 1023) / 1024 * 1024;
   constexpr int smem = kStages * kStageBytes + 1024;
-  auto kern = group_gemm_kernel<kTileN, kStages, kTileK, kPackedB>;
+  auto kern = group_gemm_kernel<kTileN, kStages, kTileK, kPackedB, kItems>;
   static std::atomic<uint64_t> opted{0};
   if (cudaError_t e = opt_in_smem(kern, smem, device, opted); e != cudaSuccess) return e;
   dim3 grid(unsigned((a.N + kRows - 1) / kRows), unsigned(max_tiles), unsigned(a.splits));
   return launch_pdl(kern, grid, dim3(256), size_t(smem), st, a);
 }
-template <int kTileN, int kStages, int kTileK>
+/// max_tiles: grid.y (kItems: fewer CTAs than work items, each looping over its items).
+template <int kTileN, int kStages, int kTileK, bool kItems = false>
 cudaError_t launch_group(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
-  return a.packed ? launch_group_pk<kTileN, kStages, kTileK, true>(a, max_tiles, device, st)
-                  : launch_group_pk<kTileN, kStages, kTileK, false>(a, max_tiles, device, st);
+  return a.packed ? launch_group_pk<kTileN, kStages, kTileK, true, kItems>(a, max_tiles, device, st)
+                  : launch_group_pk<kTileN, kStages, kTileK, false, kItems>(a, max_tiles, device, st);
 }
 
 }  // namespace

@@ -23,25 +23,41 @@ struct StageShape {
 
 /// kPackedB: weights and scales in the prepacked layout (lowbit/mxfp4_pack.hpp): rows padded to 128 and K
 /// to 256 (no bounds checks on them), one mask (and shift) per decoded bf16x2, the scale bytes of a
-/// row's K tile in one aligned copy.
-template <int kTileN, int kStages, int kTileK, bool kPackedB>
+/// row's K tile in one aligned copy. kItems: the CTA loops over work items blockIdx.y, + gridDim.y,
+/// ... below A.max_tiles (a capped grid, GroupArgs::cap_grid); without it a CTA takes the one item
+/// blockIdx.y and the code has no item loop (a separate instantiation: the item loop costs the
+/// decode path registers and instructions that the single item does not need).
+template <int kTileN, int kStages, int kTileK, bool kPackedB, bool kItems>
 __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   using SS = StageShape<kTileK>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   constexpr int kActBytes = kTileN * kTileK * 2;  // kTileK/64 swizzle atoms of kTileN rows x 128 B
   constexpr int kStageBytes = (kActBytes + SS::kWBytes + SS::kSBytes + 1023) / 1024 * 1024;
   constexpr int kSteps = kTileK / 16;
-  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  __shared__ int64_t s_work[2];
+  __shared__ int64_t s_work[3];  // group, tile, next work item (kItems)
 
-  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   if (!A.pdl) griddep_wait();  // m_indptr / weights may come from the previous kernel
+  // kItems: the next work item lives in shared memory, not in a register across the tile (the
+  // kernel is at its register bound).
+  if (kItems && threadIdx.x == 0) s_work[2] = blockIdx.y;
+  for (;;) {
+  // NOTE (kItems): the thread and block indices pass through an empty asm per item, so that nothing
+  // derived from them is hoisted out of the item loop and kept live across the K loop: with the
+  // hoisting, ptxas spilled inside the K loop of 4 of the 6 tile shapes.
+  int tid_l = int(threadIdx.x), bx_l = int(blockIdx.x), bz_l = int(blockIdx.z);
+  if constexpr (kItems) asm volatile("" : "+r"(tid_l), "+r"(bx_l), "+r"(bz_l));
+  const int tid = tid_l, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   if (tid < 32) {
+    if constexpr (kItems) __syncwarp();
+    const int64_t y = kItems ? s_work[2] : int64_t(blockIdx.y);
     int64_t grp = -1, tile = 0;
-    if (!find_tile(A, kTileN, blockIdx.y, &grp, &tile)) grp = -1;
+    if ((kItems && y >= A.max_tiles) || !find_tile(A, kTileN, y, &grp, &tile)) grp = -1;
+    if constexpr (kItems) __syncwarp();
     if (lane == 0) {
       s_work[0] = grp;
       s_work[1] = tile;
+      if constexpr (kItems) s_work[2] = y + gridDim.y;
     }
   }
   __syncthreads();
@@ -50,8 +66,8 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   const int64_t m0 = A.bound(grp) + s_work[1] * kTileN;
   const int64_t gend = A.bound(grp + 1);
   const int64_t m1 = m0 + kTileN < gend ? m0 + kTileN : gend;
-  const int64_t R0 = int64_t(blockIdx.x) * kRows;
-  const int split = int(blockIdx.z);
+  const int64_t R0 = int64_t(bx_l) * kRows;
+  const int split = bz_l;
   const int64_t kTiles = (A.K + kTileK - 1) / kTileK;
   const int64_t KG = A.K / 32;  // MX blocks per row
   const int64_t kt0 = int64_t(split) * A.kt_per_split;
@@ -312,7 +328,9 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   }
   cp_async_wait<0>();
 
-  finish_tile<kTileN, kTileK>(A, acc, true, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
+  finish_tile<kTileN, kTileK, kItems>(A, acc, true, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
+  if constexpr (!kItems) return;
+  }  // next work item (finish_tile's barrier ended this one's use of shared memory and of s_work)
 }
 
 }  // namespace

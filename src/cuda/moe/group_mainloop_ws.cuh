@@ -17,7 +17,9 @@ namespace {
 /// in the K loop) and split each stage into kBatches batches: batch b + 1 is decoded while the wgmma of
 /// batch b runs. Prims: the TMA load and mbarrier wait (LocalPrims or CutlassPrims,
 /// sm90_gemm_common.cuh).
-template <int kTileN, int kStages, int kBatches, class Prims = DefaultPrims>
+/// kItems: the CTA loops over work items (see group_gemm_kernel); the stages and their barrier
+/// phases then run on across the items.
+template <int kTileN, int kStages, int kBatches, bool kItems, class Prims = DefaultPrims>
 __global__ void __launch_bounds__(288, 2)
     group_gemm_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a, GroupArgs A) {
   constexpr int kTileK = 256;
@@ -29,24 +31,41 @@ __global__ void __launch_bounds__(288, 2)
   static_assert(kSteps % kBatches == 0, "kBatches divides the k16 steps of a stage");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  __shared__ int64_t s_work[2];
+  __shared__ int64_t s_work[3];                        // group, tile, next work item
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[kStages], then empty[kStages]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (!A.pdl) griddep_wait();  // m_indptr / weights may come from the previous kernel
-  if (tid < 32) {
-    int64_t grp = -1, tile = 0;
-    if (!find_tile(A, kTileN, blockIdx.y, &grp, &tile)) grp = -1;
-    if (lane == 0) {
-      s_work[0] = grp;
-      s_work[1] = tile;
-    }
+  if (kItems && tid == 0) {
+    s_work[2] = blockIdx.y;
   } else if (tid == 32) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(smem_u32(&bars[s]), 1 + 32);  // the producer's expect_tx arrival + 32 lanes' scale copies
       mbar_init(smem_u32(&bars[kStages + s]), 8);   // the 8 consumer warps
     }
     mbar_init_fence();
+  }
+  const uint32_t smem_base = smem_u32(smem);
+  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
+  const int g = lane >> 2, t = lane & 3;
+  const int rl = 64 * (warp >> 2) + 16 * (warp & 3) + g;  // consumer rows rl, rl + 8
+  // kItems: work items y = blockIdx.y, + gridDim.y, ... below A.max_tiles. The stages and their
+  // barrier phases run on across the items: `pipe` counts the pipeline iterations of the CTA's
+  // earlier items (stage = iteration % kStages, phase = iteration / kStages), in the producer and in
+  // every consumer alike.
+  uint32_t pipe = 0;
+  for (;;) {
+  if (tid < 32) {
+    if constexpr (kItems) __syncwarp();
+    const int64_t y = kItems ? s_work[2] : int64_t(blockIdx.y);
+    int64_t grp = -1, tile = 0;
+    if ((kItems && y >= A.max_tiles) || !find_tile(A, kTileN, y, &grp, &tile)) grp = -1;
+    if constexpr (kItems) __syncwarp();
+    if (lane == 0) {
+      s_work[0] = grp;
+      s_work[1] = tile;
+      if constexpr (kItems) s_work[2] = y + gridDim.y;
+    }
   }
   __syncthreads();
   const int64_t grp = s_work[0];
@@ -60,22 +79,20 @@ __global__ void __launch_bounds__(288, 2)
   const int64_t kt0 = int64_t(split) * A.kt_per_split;
   const int64_t kt1 = kt0 + A.kt_per_split < kTiles ? kt0 + A.kt_per_split : kTiles;
   const int64_t nkt = kt1 > kt0 ? kt1 - kt0 : 0;
-  const uint32_t smem_base = smem_u32(smem);
-  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
 
   float acc[kTileN / 2];
 #pragma unroll
   for (int i = 0; i < kTileN / 2; ++i) acc[i] = 0.0f;
-  const int g = lane >> 2, t = lane & 3;
-  const int rl = 64 * (warp >> 2) + 16 * (warp & 3) + g;  // consumer rows rl, rl + 8
 
   if (warp == 8) {  // producer
     const int32_t wy = int32_t(grp * mxfp4_packed_rows(A.N) + R0);
     const uint8_t* srow[kRows / 32];
 #pragma unroll
     for (int j = 0; j < kRows / 32; ++j) srow[j] = A.bs + grp * A.bs_sG + (R0 + lane + 32 * j) * A.bs_sN;
+    // K tile it of this item into pipeline iteration pipe + it
     auto weights = [&](int64_t it) {  // the stage's weight TMA (with the whole stage's byte count), scales
-      const uint32_t st = smem_base + uint32_t((it % kStages) * kStageBytes), full = full0 + uint32_t(8 * (it % kStages));
+      const uint32_t s = (pipe + uint32_t(it)) % kStages;
+      const uint32_t st = smem_base + s * uint32_t(kStageBytes), full = full0 + 8 * s;
       if (lane == 0) {
         mbar_arrive_expect_tx(full, uint32_t(SS::kWBytes + kActBytes));
         Prims::tma_load_2d(st + kActBytes, &tm_w, int32_t((kt0 + it) * (kTileK / 2)), wy, full);
@@ -85,18 +102,21 @@ __global__ void __launch_bounds__(288, 2)
       mbar_cp_async_arrive(full);
     };
     auto acts = [&](int64_t it) {
-      const uint32_t st = smem_base + uint32_t((it % kStages) * kStageBytes), full = full0 + uint32_t(8 * (it % kStages));
+      const uint32_t s = (pipe + uint32_t(it)) % kStages;
+      const uint32_t st = smem_base + s * uint32_t(kStageBytes), full = full0 + 8 * s;
       if (lane == 0)
 #pragma unroll
         for (int c = 0; c < kTileK / 64; ++c)
           Prims::tma_load_2d(st + c * kTileN * 128, &tm_a, int32_t((kt0 + it) * kTileK + 64 * c), int32_t(m0), full);
     };
-    const int64_t npro = nkt < kStages ? nkt : kStages;
+    // the CTA's first item: the first stages' weights before waiting for the pre-pass
+    const int64_t npro = pipe == 0 ? (nkt < kStages ? nkt : kStages) : 0;
     for (int64_t it = 0; it < npro; ++it) weights(it);
     griddep_wait();  // the activations come from the pre-pass
     for (int64_t it = 0; it < npro; ++it) acts(it);
     for (int64_t it = npro; it < nkt; ++it) {
-      Prims::mbar_wait(empty0 + uint32_t(8 * (it % kStages)), uint32_t((it / kStages - 1) & 1));
+      const uint32_t gi = pipe + uint32_t(it);  // a stage's earlier use must be consumed first
+      if (gi >= uint32_t(kStages)) Prims::mbar_wait(empty0 + 8 * (gi % kStages), (gi / kStages - 1) & 1);
       weights(it);
       acts(it);
     }
@@ -115,8 +135,9 @@ __global__ void __launch_bounds__(288, 2)
     }
     const uint64_t desc0 = desc_sw128(smem_base);
     for (int64_t it = 0; it < nkt; ++it) {
-      const int s = int(it % kStages);
-      Prims::mbar_wait(full0 + uint32_t(8 * s), uint32_t((it / kStages) & 1));
+      const uint32_t gi = pipe + uint32_t(it);
+      const int s = int(gi % kStages);
+      Prims::mbar_wait(full0 + uint32_t(8 * s), (gi / kStages) & 1);
       const uint8_t* st = smem + s * kStageBytes;
       const uint32_t u0 = *reinterpret_cast<const uint32_t*>(st + so0);
       const uint32_t u1 = *reinterpret_cast<const uint32_t*>(st + so1);
@@ -198,7 +219,10 @@ __global__ void __launch_bounds__(288, 2)
     }
     griddep_wait();  // the epilogue reads the pre-pass's flags
   }
-  finish_tile<kTileN, kTileK>(A, acc, warp < 8, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
+  finish_tile<kTileN, kTileK, kItems>(A, acc, warp < 8, tid, rl, t, grp, m0, m1, R0, split, kt0, kt1);
+  if constexpr (!kItems) return;
+  pipe += uint32_t(nkt);
+  }  // next work item (finish_tile's barrier ended this one's use of s_work)
 }
 
 }  // namespace

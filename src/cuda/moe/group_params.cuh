@@ -106,12 +106,36 @@ struct GroupArgs {
   float* ws = nullptr;  ///< split-K partials [splits][M][N]
   int splits = 1;
   int kt_per_split = 0;
+  // Row layouts (cuda/moe/group_layout.cuh). M, act, tok_scale / tok_flag, the tiles and split-K
+  // address compact rows; a_pitch / o_pitch map compact row m of group g to its row of the original
+  // A (pre-pass source, exact fallback) / of out: g * pitch + (m - bound(g)), or m itself (pitch 0).
+  int64_t a_pitch = 0;
+  int64_t o_pitch = 0;
+  /// The pre-pass converts only the compact rows of the groups (m < bound(G)), not all M: the
+  /// m_counts layouts, whose M is an upper bound of the rows.
+  bool group_rows_only = false;
+  /// Host bound of the (group, tile) work items of one column block and split. A CTA takes the
+  /// items blockIdx.y, + gridDim.y, ... below it: one item unless the launch gave fewer CTAs
+  /// than items (cap_grid).
+  int64_t max_tiles = 0;
+  /// M is a loose bound (masked layout: G x max_tokens rows for typically far fewer): launch at
+  /// most a few waves of CTAs, each looping over its items (moe::group_grid_y).
+  bool cap_grid = false;
 
   /// m_indptr[g] clamped to [0, M]: a device m_indptr is not validated, the kernels stay in bounds.
   __device__ int64_t bound(int64_t g) const {
     const int64_t v = indptr64 ? static_cast<const int64_t*>(m_indptr)[g] : int64_t(static_cast<const int32_t*>(m_indptr)[g]);
     return v < 0 ? 0 : (v > M ? M : v);
   }
+  /// The group of compact row m (m < bound(G); m_indptr non-decreasing, as the m_counts layouts' bounds are).
+  __device__ int64_t group_of(int64_t m) const {
+    return indptr64 ? group_of_row(static_cast<const int64_t*>(m_indptr), G, m)
+                    : group_of_row(static_cast<const int32_t*>(m_indptr), G, m);
+  }
+  /// Row of the original A of compact row m of group g.
+  __device__ int64_t a_row(int64_t g, int64_t m) const { return a_pitch ? g * a_pitch + (m - bound(g)) : m; }
+  /// Output row of compact row m is m + o_offset(g).
+  __device__ int64_t o_offset(int64_t g) const { return o_pitch ? g * o_pitch - bound(g) : 0; }
   /// Stored row of activation row m in a_scale, clamped to the rows the caller allocated.
   __device__ int64_t a_scale_row(int64_t m) const {
     const int64_t r = spa.stored_row(m);
@@ -133,19 +157,23 @@ struct GroupArgs {
 };
 
 /// The grouped GEMM's parameters of a validated plan: sizes, the tile (moe::pick_tile), weights,
-/// groups, the original A (the exact fallback's source) and the plain epilogue. The launch fills
-/// in the rest: act / tok_scale / tok_flag / strip / pdl (the activation pre-pass) and
-/// ws / splits / kt_per_split (run_group).
+/// groups, the row layout, the original A (the exact fallback's source) and the plain epilogue.
+/// The launch fills in the rest: the device bounds of m_counts (m_indptr), act / tok_scale /
+/// tok_flag / strip / pdl (the activation pre-pass) and ws / splits / kt_per_split / max_tiles
+/// (run_group).
 inline GroupArgs make_group_params(const GroupGemmPlan& p) {
   GroupArgs a;
   a.M = p.M;
   a.N = p.N;
   a.K = p.K;
   a.G = p.G;
-  const moe::GroupTile t = moe::pick_tile(p.M, p.G);
+  const moe::GroupTile t = moe::pick_layout_tile(p.M, p.G, p.max_tokens, p.expected_m);
   a.NT = t.tile_n;
   a.KT = t.tile_k;
   a.Kp = (p.K + a.KT - 1) / a.KT * a.KT;
+  a.a_pitch = a.o_pitch = p.max_tokens;
+  a.cap_grid = p.max_tokens > 0;
+  a.group_rows_only = p.counts != nullptr;
   a.b = p.b;
   a.b_sG = p.b_sG;
   a.b_sN = p.b_sN;

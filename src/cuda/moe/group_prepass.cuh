@@ -1,5 +1,6 @@
 // src/cuda/moe/group_prepass.cuh: the activation pre-pass of the MXFP4 grouped GEMM: A (MXFP8 or
-// bf16) -> bf16 rows in act_pos order, with the per-row shift into bf16's range.
+// bf16) -> bf16 rows in act_pos order (compact rows: group_layout.cuh), with the per-row shift into
+// bf16's range.
 #pragma once
 
 #include "cuda/moe/group_params.cuh"
@@ -43,13 +44,16 @@ __global__ void act_prepass_kernel(GroupArgs A) {
   const int lo = A.a_dtype == DType::kE4M3 ? 3 : 10;  // bf16 holds e4m3 / e5m2 * 2^(s-127) exactly for s >= lo
   const bool e4 = A.a_dtype == DType::kE4M3;
   auto bf16_inexact = [](float v) { return v == v && decode_bf16(encode_bf16(v)) != v; };
-  for (int64_t item = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5); item < A.M * strips; item += warps) {
+  // m_counts layouts: the compact rows of the groups only (their bounds come from the kernel before)
+  const int64_t rows = A.group_rows_only ? A.bound(A.G) : A.M;
+  for (int64_t item = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5); item < rows * strips; item += warps) {
     const int64_t m = item / strips, b0 = (item % strips) * A.strip;
     const int64_t b1 = b0 + A.strip < kblocks ? b0 + A.strip : kblocks;
+    const int64_t am = A.a_pitch ? A.a_row(A.group_of(m), m) : m;  // compact row m's row of A
     int64_t srow = 0;
     float up = 1.0f;
     if (A.a_scale) {
-      srow = A.a_scale_row(m);
+      srow = A.a_scale_row(am);
       up = act_row_shift(A, srow, lo, lane);
       if (A.tok_scale && b0 == 0 && lane == 0) const_cast<float*>(A.tok_scale)[m] = kWUnshift / up;
     }
@@ -59,7 +63,7 @@ __global__ void act_prepass_kernel(GroupArgs A) {
       bool inexact = false;
       if (k < A.K) {
         if (A.a_scale) {
-          const uint8_t* src = static_cast<const uint8_t*>(A.a) + m * A.a_sM + k;
+          const uint8_t* src = static_cast<const uint8_t*>(A.a) + am * A.a_sM + k;
           const uint8_t s = A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, k >> 5)];
           const float sc = decode_ue8m0(s) * up;  // exact
           v0 = (e4 ? decode_e4m3(src[0]) : decode_e5m2(src[0])) * sc;
@@ -68,7 +72,7 @@ __global__ void act_prepass_kernel(GroupArgs A) {
           // bf16's range (a scale byte below lo and one near the top in the same row).
           inexact = bf16_inexact(v0) || bf16_inexact(v1);
         } else {
-          const uint16_t* src = static_cast<const uint16_t*>(A.a) + m * A.a_sM + k;
+          const uint16_t* src = static_cast<const uint16_t*>(A.a) + am * A.a_sM + k;
           v0 = decode_bf16(src[0]);
           v1 = decode_bf16(src[1]);
         }

@@ -27,17 +27,14 @@ __global__ void group_finalize_kernel(GroupArgs A) {
       v0 += w[R];
       if (R + 8 < A.N) v1 += w[R + 8];
     }
-    int64_t grp;
-    if (A.indptr64)
-      grp = group_of_row(static_cast<const int64_t*>(A.m_indptr), A.G, m);
-    else
-      grp = group_of_row(static_cast<const int32_t*>(A.m_indptr), A.G, m);
-    store_pair(A, grp, m, R, v0, v1);
+    const int64_t grp = A.group_of(m);
+    store_pair(A, grp, m + A.o_offset(grp), R, v0, v1);
   }
 }
 
-/// The warp-specialized kernel (packed weights, kTileK = 256) with the primitive policy Prims.
-template <int kTileN, int kStages, int kBatches, class Prims = DefaultPrims>
+/// The warp-specialized kernel (packed weights, kTileK = 256) with the primitive policy Prims;
+/// max_tiles: grid.y (kItems: fewer CTAs than work items, each looping over its items).
+template <int kTileN, int kStages, int kBatches, class Prims = DefaultPrims, bool kItems = false>
 cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, cudaStream_t st) {
   constexpr int kStageBytes = (kTileN * 256 * 2 + StageShape<256>::kWBytes + kRows * 8 + 1023) / 1024 * 1024;
   constexpr int smem = kStages * kStageBytes + 1024;
@@ -51,7 +48,7 @@ cudaError_t launch_group_ws(const GroupArgs& a, int64_t max_tiles, int device, c
                                    uint64_t(a.Kp * 2), 64, kTileN);
       e != cudaSuccess)
     return e;
-  auto kern = group_gemm_ws_kernel<kTileN, kStages, kBatches, Prims>;
+  auto kern = group_gemm_ws_kernel<kTileN, kStages, kBatches, kItems, Prims>;
   static std::atomic<uint64_t> opted{0};
   if (cudaError_t e = opt_in_smem(kern, smem, device, opted); e != cudaSuccess) return e;
   dim3 grid(unsigned((a.N + kRows - 1) / kRows), unsigned(max_tiles), unsigned(a.splits));
@@ -70,9 +67,10 @@ void pick_tile(int64_t rows_bound, int64_t G, int* NT, int* KT) {
   *KT = t.tile_k;
 }
 
-/// Runs the grouped GEMM of `a` (act already in place, a.NT / a.KT from pick_tile): split-K and
-/// the finalize. Prims: the warp-specialized kernel's primitive policy (the library runs the
-/// default; bench/dev/gemm_prims_ab.cu runs both).
+/// Runs the grouped GEMM of `a` (act already in place, a.NT / a.KT from pick_tile; rows_bound: an
+/// upper bound of the compact rows, a.M): split-K, the grid (moe::group_grid_y) and the finalize.
+/// Prims: the warp-specialized kernel's primitive policy (the library runs the default;
+/// bench/dev/gemm_prims_ab.cu runs both).
 template <class Prims = DefaultPrims>
 cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaStream_t st) {
   int dev = 0;
@@ -81,16 +79,29 @@ cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaS
   const int NT = a.NT;
   // split K when the tiles do not fill the GPU (moe::group_split)
   const moe::GroupSplit sp = moe::group_split(rows_bound, a.G, a.N, a.K, a.NT, a.KT, sms);
-  const int64_t max_tiles = sp.max_tiles;
   const int splits = sp.splits;
   a.splits = splits;
   a.kt_per_split = sp.kt_per_split;
+  a.max_tiles = sp.max_tiles;
+  // grid.y: every work item, or (masked layout) a few waves of CTAs that loop over them (the item
+  // loop is built for the tiles of at most 32 tokens: moe::pick_layout_tile)
+  const int64_t max_tiles =
+      moe::group_grid_y(sp.max_tiles, (a.N + kRows - 1) / kRows, splits, sms, a.cap_grid && NT <= 32);
   if (max_tiles <= 0 || a.M == 0) return cudaSuccess;
   cudaError_t e = cudaSuccess;
   if (splits > 1)
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&a.ws), size_t(splits) * a.M * a.N * sizeof(float), pool, st);
+  const bool items = max_tiles < a.max_tiles;  // a capped grid: CTAs loop over their work items
   if (e == cudaSuccess) {
-    if (ws_eligible(a)) {
+    if (items) {  // the masked layout's tiles have at most 32 tokens (moe::pick_layout_tile)
+      constexpr int kB = moe::kGroupWsBatches;
+      if (ws_eligible(a))
+        e = NT == 16 ? launch_group_ws<16, moe::group_ws_stages(16), kB, Prims, true>(a, max_tiles, dev, st)
+                     : launch_group_ws<32, moe::group_ws_stages(32), kB, Prims, true>(a, max_tiles, dev, st);
+      else
+        e = NT == 16 ? launch_group<16, moe::group_stages(16), moe::pick_tile(16, 1).tile_k, true>(a, max_tiles, dev, st)
+                     : launch_group<32, moe::group_stages(32), moe::pick_tile(32, 1).tile_k, true>(a, max_tiles, dev, st);
+    } else if (ws_eligible(a)) {
       e = NT == 16 ? launch_group_ws<16, moe::group_ws_stages(16), moe::kGroupWsBatches, Prims>(a, max_tiles, dev, st)
                    : launch_group_ws<32, moe::group_ws_stages(32), moe::kGroupWsBatches, Prims>(a, max_tiles, dev, st);
     } else

@@ -28,6 +28,25 @@ constexpr GroupTile pick_tile(int64_t rows_bound, int64_t groups) {
   return t;
 }
 
+/// The rows pick_tile sizes the tile from: all `rows` (boundaries and contiguous counts, where they
+/// are the rows of the call or a close bound of them), or for the masked layout (max_tokens > 0)
+/// groups x the expected rows per group (expected_m, 0: max_tokens): max_tokens is a capacity,
+/// typically far above the counts (a decode step's dispatch).
+constexpr int64_t tile_rows(int64_t rows, int64_t groups, int64_t max_tokens, int64_t expected_m) {
+  if (max_tokens <= 0) return rows;
+  const int64_t per = expected_m > 0 && expected_m < max_tokens ? expected_m : max_tokens;
+  return groups * per;
+}
+
+/// The tile of a call in one of the row layouts: pick_tile over tile_rows, and for the masked
+/// layout (max_tokens > 0) at most 32 tokens per tile, the shapes whose kernels are also built
+/// with the loop over work items that a capped grid needs (group_grid_y).
+constexpr GroupTile pick_layout_tile(int64_t rows, int64_t groups, int64_t max_tokens, int64_t expected_m) {
+  GroupTile t = pick_tile(tile_rows(rows, groups, max_tokens, expected_m), groups);
+  if (max_tokens > 0 && t.tile_n > 32) t = pick_tile(32, 1);
+  return t;
+}
+
 /// Pipeline stages of the cp.async kernel for a tile of `tile_n` tokens (its K tile: pick_tile).
 constexpr int group_stages(int tile_n) { return tile_n == 32 ? 3 : 4; }
 /// Pipeline stages of the warp-specialized kernel (tile_n 16 or 32, K tile 256).
@@ -71,6 +90,22 @@ constexpr GroupSplit group_split(int64_t rows_bound, int64_t groups, int64_t N, 
   s.splits = per > 0 ? int((kTiles + per - 1) / per) : splits;
   s.kt_per_split = per;
   return s;
+}
+
+/// CTAs per wave-pair slot that a capped grid launches (group_grid_y).
+constexpr int kGroupCapWaves = 2;
+
+/// grid.y of a grouped GEMM launch: the bound max_tiles of the (group, tile) items, or, when
+/// `cap` (the masked layout, whose bound counts max_tokens rows per group), at most
+/// kGroupCapWaves waves of 2 CTAs per SM over the blocks_x x splits columns of the grid; the CTAs
+/// then loop over their items (GroupArgs::max_tiles), so that CTAs without work do not scale with
+/// max_tokens.
+constexpr int64_t group_grid_y(int64_t max_tiles, int64_t blocks_x, int splits, int sms, bool cap) {
+  if (!cap || max_tiles <= 0) return max_tiles;
+  const int64_t cols = (blocks_x > 0 ? blocks_x : 1) * (splits > 0 ? splits : 1);
+  const int64_t slots = int64_t(kGroupCapWaves) * 2 * int64_t(sms > 0 ? sms : 1);
+  const int64_t y = (slots + cols - 1) / cols;
+  return y < max_tiles ? y : max_tiles;
 }
 
 /// Blocks of the split-K finalize (256 threads each), at most 8 per SM.

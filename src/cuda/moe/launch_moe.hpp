@@ -7,7 +7,8 @@
 
 namespace lowbit::cuda {
 
-/// MXFP4-weight grouped GEMM (MXFP8 or bf16 activations), groups from a device m_indptr.
+/// MXFP4-weight grouped GEMM (MXFP8 or bf16 activations), groups from a device m_indptr or device
+/// m_counts (contiguous or masked layout).
 int group_gemm_mxfp4(const detail::GroupGemmPlan& p, void* stream);
 /// The dense MXFP4 linear (mxfp4_gemm): group_gemm_mxfp4 with one group; the plan's m_indptr is
 /// replaced by a device-resident constant (sm90_mxfp4_gemm.cu).
@@ -16,5 +17,8 @@ int mxfp4_gemm(detail::GroupGemmPlan p, void* stream);
 int mxfp4_prepack(const detail::Mxfp4PackPlan& p, void* stream);
 /// The gpt-oss expert MLP (route, gather, gate_up + SwiGLU, down, weighted sum) on the device.
 int gpt_oss_moe_mlp(const detail::MoeMlpPlan& p, void* stream);
+/// The gpt-oss expert MLP over expert-grouped rows (p.expert_rows, device counts): group bounds,
+/// gather, gate_up + SwiGLU, down into out's rows (no routing, no weighting).
+int gpt_oss_expert_mlp(const detail::MoeMlpPlan& p, void* stream);
 
 }  // namespace lowbit::cuda

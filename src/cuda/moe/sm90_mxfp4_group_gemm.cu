@@ -1,5 +1,5 @@
 // src/cuda/moe/sm90_mxfp4_group_gemm.cu: MXFP4-weight grouped GEMM for MoE on sm_90a, and the
-// gpt-oss expert MLP built on it.
+// gpt-oss expert MLPs built on it (routed, and over expert-grouped rows for expert parallelism).
 //
 //   out[m, n] = sum_k A[m, k] * B[g][n, k]      for the rows m of group g (m_indptr)
 //
@@ -38,13 +38,15 @@
 // group_scheduler.cuh (find_tile), group_epilogue.cuh (exact_dot, swiglu, store_pair, finish_tile),
 // group_mainloop.cuh (cp.async kernel), group_mainloop_ws.cuh (warp-specialized kernel),
 // group_launch.cuh (cp.async kernel launch), group_run.cuh (run_group, split-K finalize),
-// mxfp4_prepack.cuh, gpt_oss_mlp.cuh (route, gather, combine). This file holds the entry points
+// mxfp4_prepack.cuh, gpt_oss_mlp.cuh (route, gather, combine), group_layout.cuh (the m_counts
+// layouts: group bounds on the device, compact rows; docs/moe_ep.md). This file holds the entry points
 // and instantiates every kernel but the cp.async ones of 128 tokens per CTA
 // (sm90_mxfp4_group_gemm_t128.cu).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "cuda/moe/gpt_oss_mlp.cuh"
+#include "cuda/moe/group_layout.cuh"
 #include "cuda/moe/group_run.cuh"
 #include "cuda/moe/mxfp4_prepack.cuh"
 
@@ -58,20 +60,30 @@ int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
   GroupArgs a = make_group_params(p);
 
   uint16_t* act = nullptr;
-  // act [M][Kp] bf16, tok_scale [M] fp32, tok_flag [M][Kp/64] bytes
-  cudaError_t e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&act),
-                                          size_t(p.M * a.Kp * 2 + p.M * 4 + p.M * (a.Kp / 64)), pool, st);
+  // act [M][Kp] bf16, tok_scale [M] fp32, tok_flag [M][Kp/64] bytes (M: compact rows, an upper bound
+  // for the m_counts layouts), then the m_counts layouts' group bounds [G+1] int64 (8-byte aligned)
+  const size_t b_act = size_t(p.M * a.Kp * 2 + p.M * 4 + p.M * (a.Kp / 64));
+  const size_t b_pre = (b_act + 15) / 16 * 16;
+  const size_t b_ind = p.counts ? size_t(p.G + 1) * 8 : 0;
+  cudaError_t e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&act), b_pre + b_ind, pool, st);
   if (e != cudaSuccess) return int(e);
   a.act = act;
   if (p.a_scale) {
     a.tok_scale = reinterpret_cast<const float*>(act + p.M * a.Kp);
     a.tok_flag = reinterpret_cast<const uint8_t*>(a.tok_scale + p.M);
   }
-  {
+  if (p.counts) {  // m_counts layouts: the compact group bounds, on the device (group_layout.cuh)
+    int64_t* ind = reinterpret_cast<int64_t*>(reinterpret_cast<uint8_t*>(act) + b_pre);
+    counts_to_indptr_kernel<int64_t><<<1, 32, 0, st>>>(p.counts, p.counts64, p.G, p.M, p.max_tokens, ind);
+    e = cudaGetLastError();
+    a.m_indptr = ind;
+    a.indptr64 = true;
+  }
+  if (e == cudaSuccess) {
     int dev = 0;
     cudaGetDevice(&dev);
-    // strips of K blocks per warp and the grid (moe::prepass_grid)
-    const moe::PrepassGrid pg = moe::prepass_grid(p.M, a.Kp, sm_count(dev));
+    // strips of K blocks per warp and the grid (moe::prepass_grid; masked layout: from the expected rows)
+    const moe::PrepassGrid pg = moe::prepass_grid(moe::tile_rows(p.M, p.G, p.max_tokens, p.expected_m), a.Kp, sm_count(dev));
     a.strip = pg.strip;
     act_prepass_kernel<<<unsigned(pg.blocks), 256, 0, st>>>(a);
     e = cudaGetLastError();
@@ -145,6 +157,62 @@ int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
     const int64_t n = p.T * p.H;
     e = launch_pdl(combine_kernel, dim3(unsigned(n / 256 + 1 < 8 * int64_t(sms) ? n / 256 + 1 : 8 * int64_t(sms))),
                    dim3(256), 0, st, p, (const int32_t*)pos, (const float*)o);
+  }
+  cudaFreeAsync(wsp, st);
+  return int(e);
+}
+
+int gpt_oss_expert_mlp(const MoeMlpPlan& p, void* stream) {
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  cudaMemPool_t pool = nullptr;
+  if (cudaError_t pe = workspace_pool(&pool); pe != cudaSuccess) return int(pe);
+  if (p.T == 0) return 0;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const int sms = sm_count(dev);
+  const int64_t rows = p.T;  // upper bound of the compact rows (masked: E x max_tokens)
+  const moe::GroupTile tile = moe::pick_layout_tile(rows, p.E, p.max_tokens, p.expected_m);  // both GEMMs
+  const int NT = tile.tile_n, KT = tile.tile_k;
+  const int64_t Hp = (p.H + KT - 1) / KT * KT, Ip = (p.I + KT - 1) / KT * KT;
+  // workspace: indptr [E+1] (int32); act1 [rows][Hp], act2 [rows][Ip] (bf16); y [rows][I] (fp32,
+  // MXFP8 mode). The down GEMM writes out's rows itself (no weighting, no combine).
+  auto al = [](int64_t b) { return (b + 255) / 256 * 256; };
+  const int64_t b_idx = al((p.E + 1) * 4), b_a1 = al(rows * Hp * 2), b_a2 = al(rows * Ip * 2);
+  const int64_t b_y = p.act_mxfp8 ? al(rows * p.I * 4) : 0;
+  uint8_t* wsp = nullptr;
+  cudaError_t e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&wsp), size_t(b_idx + b_a1 + b_a2 + b_y), pool, st);
+  if (e != cudaSuccess) return int(e);
+  int32_t* indptr = reinterpret_cast<int32_t*>(wsp);
+  uint16_t* act1 = reinterpret_cast<uint16_t*>(wsp + b_idx);
+  uint16_t* act2 = reinterpret_cast<uint16_t*>(wsp + b_idx + b_a1);
+  float* y = p.act_mxfp8 ? reinterpret_cast<float*>(wsp + b_idx + b_a1 + b_a2) : nullptr;
+  const int64_t prep_warps = rows * (Hp > Ip ? Hp : Ip) / 64;
+  const unsigned prep_grid = unsigned((prep_warps + 7) / 8 < 16 * int64_t(sms) ? (prep_warps + 7) / 8 : 16 * int64_t(sms));
+  const bool masked = p.max_tokens > 0;
+
+  counts_to_indptr_kernel<int32_t><<<1, 32, 0, st>>>(p.counts, p.counts64, p.E, rows, p.max_tokens, indptr);
+  e = cudaGetLastError();
+  if (e == cudaSuccess) {  // gather x's rows of the experts' counts (compact), act() rounding
+    e = launch_pdl(prep_rows_kernel, dim3(prep_grid), dim3(256), 0, st, p, (const int32_t*)indptr,
+                   (const int32_t*)nullptr, (const float*)nullptr, p.H, Hp, KT, act1);
+  }
+  if (e == cudaSuccess && !p.act_mxfp8 && Ip != p.I) e = cudaMemsetAsync(act2, 0, size_t(rows * Ip * 2), st);
+  if (e == cudaSuccess) {  // gate_up: [rows, 2I] -> SwiGLU -> y (fp32, MXFP8 activations) or act2
+    GroupArgs up = p.act_mxfp8 ? make_mlp_params(p, MlpGemm::kGateUp, indptr, rows, NT, KT, act1, y, p.I, false)
+                               : make_mlp_params(p, MlpGemm::kGateUp, indptr, rows, NT, KT, act1, act2, Ip, true);
+    up.cap_grid = masked;
+    e = run_group(up, rows, pool, st);
+  }
+  if (e == cudaSuccess && p.act_mxfp8) {
+    e = launch_pdl(prep_rows_kernel, dim3(prep_grid), dim3(256), 0, st, p, (const int32_t*)indptr,
+                   (const int32_t*)nullptr, (const float*)y, p.I, Ip, KT, act2);
+  }
+  if (e == cudaSuccess) {  // down: [rows, H] + b2 -> out's rows of the experts (out dtype)
+    GroupArgs down = make_mlp_params(p, MlpGemm::kDown, indptr, rows, NT, KT, act2, p.out, p.o_sT, false);
+    down.out_dtype = p.out_dtype;
+    down.o_pitch = p.max_tokens;
+    down.cap_grid = masked;
+    e = run_group(down, rows, pool, st);
   }
   cudaFreeAsync(wsp, st);
   return int(e);
