@@ -13,6 +13,9 @@ namespace {
 using lowbit::cuda::gemm::dual_config;
 using lowbit::cuda::gemm::dual_stages;
 using lowbit::cuda::moe::group_finalize_blocks;
+using lowbit::cuda::moe::group_grid_y;
+using lowbit::cuda::moe::pick_layout_tile;
+using lowbit::cuda::moe::tile_rows;
 using lowbit::cuda::moe::group_split;
 using lowbit::cuda::moe::group_stages;
 using lowbit::cuda::moe::group_ws_stages;
@@ -42,6 +45,32 @@ TEST(GroupHeuristics, PickTileFromMeanRowsPerGroup) {
   EXPECT_EQ(tile(4096, 128), std::make_tuple(32, 256));
   EXPECT_EQ(tile(2048, 32), std::make_tuple(64, 128));
   EXPECT_EQ(tile(100000, 4), std::make_tuple(128, 64));
+}
+
+TEST(GroupHeuristics, LayoutTiles) {
+  // boundaries / contiguous counts: the rows of the call
+  EXPECT_EQ(tile_rows(4096, 32, 0, 0), 4096);
+  EXPECT_EQ(tile_rows(4096, 32, 0, 7), 4096);
+  // masked: groups x the expected rows (0 or above max_tokens: max_tokens)
+  EXPECT_EQ(tile_rows(16 * 1024, 16, 1024, 0), 16 * 1024);
+  EXPECT_EQ(tile_rows(16 * 1024, 16, 1024, 24), 16 * 24);
+  EXPECT_EQ(tile_rows(16 * 1024, 16, 1024, 5000), 16 * 1024);
+  // masked tiles hold at most 32 tokens (the shapes built with the work-item loop)
+  const auto t1 = pick_layout_tile(16 * 1024, 16, 1024, 0);
+  EXPECT_EQ(std::make_tuple(t1.tile_n, t1.tile_k), std::make_tuple(32, 256));
+  const auto t2 = pick_layout_tile(16 * 1024, 16, 1024, 8);
+  EXPECT_EQ(std::make_tuple(t2.tile_n, t2.tile_k), std::make_tuple(16, 256));
+  const auto t3 = pick_layout_tile(16 * 1024, 16, 0, 0);  // contiguous: as pick_tile
+  EXPECT_EQ(std::make_tuple(t3.tile_n, t3.tile_k), std::make_tuple(128, 64));
+}
+
+TEST(GroupHeuristics, GridY) {
+  EXPECT_EQ(group_grid_y(5000, 45, 1, kH100Sms, false), 5000);  // not capped: every item
+  EXPECT_EQ(group_grid_y(0, 45, 1, kH100Sms, true), 0);
+  // capped: 2 waves of 2 CTAs per SM over the columns of the grid
+  EXPECT_EQ(group_grid_y(5000, 45, 1, kH100Sms, true), (4 * kH100Sms + 44) / 45);
+  EXPECT_EQ(group_grid_y(5000, 2, 2, kH100Sms, true), kH100Sms);
+  EXPECT_EQ(group_grid_y(7, 2, 1, kH100Sms, true), 7);  // fewer items than the cap
 }
 
 TEST(GroupHeuristics, Stages) {

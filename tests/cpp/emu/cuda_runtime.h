@@ -1,5 +1,6 @@
 // tests/cpp/emu/cuda_runtime.h: the host emulation of the CUDA pieces that
-// src/cuda/attention/sm90_nf4_encode.cu and sm90_nf4_decode_fused.cu use, for the emu tests
+// src/cuda/attention/sm90_nf4_encode.cu, sm90_nf4_decode_fused.cu and src/cuda/moe/group_layout.cuh
+// use, for the emu tests
 // (kernels run on the CPU: one std::thread per CUDA thread of a CTA, CTAs one after the other,
 // std::barrier for __syncthreads and, per warp, for the shuffles, ballots and __syncwarp;
 // __shared__ variables as function statics, dynamic shared memory as a buffer per CTA). Warp
@@ -106,6 +107,34 @@ inline T __shfl_xor_sync(unsigned, T v, int off) {
   w.slot[emu::lane()] = bits;
   w.bar->arrive_and_wait();
   const uint64_t o = w.slot[emu::lane() ^ unsigned(off)];
+  w.bar->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &o, sizeof(T));
+  return r;
+}
+template <typename T>
+inline T __shfl_sync(unsigned, T v, int src) {
+  static_assert(sizeof(T) <= 8, "shuffle of a value of at most 8 bytes");
+  emu::Warp& w = *emu::warp_ctx;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  w.slot[emu::lane()] = bits;
+  w.bar->arrive_and_wait();
+  const uint64_t o = w.slot[unsigned(src) & 31u];
+  w.bar->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &o, sizeof(T));
+  return r;
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned, T v, unsigned delta) {
+  static_assert(sizeof(T) <= 8, "shuffle of a value of at most 8 bytes");
+  emu::Warp& w = *emu::warp_ctx;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  w.slot[emu::lane()] = bits;
+  w.bar->arrive_and_wait();
+  const uint64_t o = emu::lane() >= delta ? w.slot[emu::lane() - delta] : bits;
   w.bar->arrive_and_wait();
   T r;
   std::memcpy(&r, &o, sizeof(T));
