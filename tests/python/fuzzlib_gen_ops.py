@@ -1,6 +1,7 @@
 """Generators of valid calls (fuzzlib.py): NF4 K cache, checkpoint entries, amax, the GEMMs, the
 MoE MLP and formats; the weighted table GENERATORS (attention: fuzzlib_gen_attention.py; NF4
-decode attention and K encode: fuzzlib_gen_decode.py) and make_call."""
+decode attention and K encode: fuzzlib_gen_decode.py; the expert-parallel row layouts:
+fuzzlib_gen_moe_ep.py) and make_call."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from fuzzlib_gen_formats import (gen_cast, gen_convert_layout, gen_convert_raw, 
 from fuzzlib_gen_attention import gen_attention
 from fuzzlib_gen_decode import gen_decode_attention, gen_kproj_encode
 from fuzzlib_gen_linear import gen_mxfp4_gemm, gen_nvfp4_gemm
+from fuzzlib_gen_moe_ep import gen_expert_mlp, gen_group_gemm_counts
 
 
 def gen_nf4k(rng):
@@ -412,7 +414,7 @@ GENERATORS = [  # (weight, generator)
     (3, gen_nf4k_dequant), (6, gen_entry), (2, gen_amax), (3, gen_dual_gemm), (1, gen_prepack),
     (4, gen_group_gemm), (2, gen_group_prepack), (2, gen_moe), (2, gen_format), (3, gen_attention),
     (2, gen_decode_attention), (1, gen_kproj_encode),
-    (3, gen_mxfp4_gemm), (2, gen_nvfp4_gemm),
+    (3, gen_mxfp4_gemm), (2, gen_nvfp4_gemm), (2, gen_group_gemm_counts), (2, gen_expert_mlp),
 ]
 _WEIGHTS = np.array([w for w, _ in GENERATORS], dtype=np.float64)
 _WEIGHTS /= _WEIGHTS.sum()

@@ -77,7 +77,7 @@ def operands(world, seed, shapes, routing):
         wts /= wts.sum(axis=1, keepdims=True) if Tr else 1
         ranks.append((x, ids, wts))
     weights = dict(w1=np.asarray(w1.data), w1_scale=np.asarray(w1.scales).view(np.uint8), b1=b1,
-                   w2=np.asarray(w2.data), w2_scale=np.asarray(w2.scales).view(np.uint8), b2=b2)
+                   w2=np.asarray(w2.data), w2_scale=np.asarray(w2.scales).view(np.uint8), b2=b2, quantized=(w1, w2))
     return weights, ranks
 
 
@@ -148,7 +148,7 @@ def worker(rank, world, port, backend, out_dir, seed, gpu, names=None):
             kw = dict(kw)
             x_dtype = getattr(torch, kw.pop("x_dtype", "bfloat16"))
             weights, ranks = operands(world, seed + i, shapes, routing)
-            full = {k: _torch_of(torch, v, dev) for k, v in weights.items()}
+            full = {k: _torch_of(torch, v, dev) for k, v in weights.items() if k != "quantized"}
             local = dict(zip(("w1", "w1_scale", "b1", "w2", "w2_scale", "b2"),
                              shard_experts([full[k] for k in ("w1", "w1_scale", "b1", "w2", "w2_scale", "b2")],
                                            rank, world)))
@@ -187,6 +187,13 @@ def worker(rank, world, port, backend, out_dir, seed, gpu, names=None):
             if res["bitwise"]:  # the bf16-term bound: 2^-8 sum_j |w_j o_j| + one ulp of the output at ref
                 o_abs = _term_bound(lowbit, torch, x, ids, wts, full, act, drop, dev)
                 tol = 2.0 ** -8 * o_abs + _ulp(want, out.dtype == torch.bfloat16)
+                if gpu:  # both sides' fp32 summation-order deviations (test_moe_gpu_mlp's rule, twice)
+                    from test_moe_gpu_mlp import _mlp_tolerance
+
+                    args = dict(x=x.float().cpu().numpy(), topk_ids=ids_np, topk_weights=wts_np, b1=weights["b1"],
+                                b2=weights["b2"])
+                    mt = 2 * _mlp_tolerance(args, weights["quantized"], act, 1.702, 7.0)
+                    tol = tol + (mt if drop is None else mt[~drop.any(axis=1)])
                 res["err"] = float(np.max(np.abs(got - want) / tol))
             results[f"{cname}/{routing}"] = res
     except BaseException:  # the other ranks are stopped by the spawner (a barrier here would hang)
