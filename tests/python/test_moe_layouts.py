@@ -287,3 +287,15 @@ def test_expert_mlp_refusals_and_custom_op():
         fo = torch.ops.lowbit.gpt_oss_expert_mlp(mode.from_tensor(tx), mode.from_tensor(counts),
                                                  *[mode.from_tensor(t) for t in targs], out_dtype=torch.float32)
         assert fo.shape == tx.shape and fo.dtype == torch.float32
+
+
+def test_build_info_lists_the_expert_mlp_on_cuda():
+    """gpt_oss_expert_mlp has a CUDA path (and the grouped GEMM's, which takes the m_counts
+    layouts): in cuda_ops exactly when the sm_90a kernels are built and a device is there."""
+    info = lowbit.build_info()
+    ops = {"gpt_oss_expert_mlp", "group_gemm_mxfp4_nt_groupwise"}
+    assert not ops & set(info["cpu_only_ops"])
+    if info["cuda_built"] and info["device_count"] and info["sm"] >= 90 and "nvfp4_dual_gemm_silu" in info["cuda_ops"]:
+        assert ops <= set(info["cuda_ops"])
+    else:
+        assert not ops & set(info["cuda_ops"])
