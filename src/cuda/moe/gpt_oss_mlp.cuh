@@ -85,6 +85,19 @@ __global__ void prep_rows_kernel(MoeMlpPlan p, const int32_t* indptr, const int3
   }
 }
 
+/// Zeroes the K padding (elements K .. Kp-1, in act_pos order) of the compact rows r < indptr[E]
+/// of act [rows][Kp], which the next GEMM reads in whole K tiles (its weights are zero there): the
+/// expert MLP's bf16 act2, whose other elements the gate_up epilogue writes. Work follows the rows
+/// of the counts (a memset of all `rows` would follow the masked layout's bound).
+__global__ void zero_k_tail_kernel(const int32_t* indptr, int64_t E, int64_t K, int64_t Kp, int KT, uint16_t* act) {
+  griddep_wait();
+  const int64_t tail = Kp - K, n = int64_t(indptr[E]) * tail;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / tail, k = K + i % tail;
+    act[r * Kp + act_index(k, KT)] = 0;
+  }
+}
+
 /// out[t] = sum_j w[t, j] * o[pos[t, j]] over the routed slots, in slot order (the reference's).
 __global__ void combine_kernel(MoeMlpPlan p, const int32_t* pos, const float* o) {
   griddep_wait();
