@@ -15,7 +15,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_bench_moe_ep_cpu_smoke(tmp_path):
     out = tmp_path / "ep.json"
+    from lowbit.moe import NVLS_ENV
+
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(NVLS_ENV)  # NVLink multicast off in the process started here (the bench sets it too)
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_moe_ep.py"), "--device", "cpu",
                         "--backend", "gloo", "--nproc", "2", "--quick", "--warmup", "1", "--iters", "5",
                         "--json", str(out)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
