@@ -3,7 +3,8 @@
 // namespace and dynamic shared memory: tests/cpp/CMakeLists.txt) and are compared with the CPU
 // reference. This checks the kernels' indexing, tiling, pipelining of the K / V tiles, pruning
 // decisions and split merge on machines without a GPU (CTAs one after the other, the warp
-// operations emulated, cp.async an immediate copy); tests/python/test_decode_attention_gpu.py
+// operations emulated, cp.async landing at issue and, in a second run, at the
+// wait that covers it: tests/cpp/emu/cuda/common/cp_async.cuh); tests/python/test_decode_attention_gpu.py
 // remains the test of the kernels on the device.
 #include <gtest/gtest.h>
 
@@ -18,6 +19,7 @@
 #include "core/plan_decode.hpp"
 #include "lowbit/codecs.hpp"
 #include "ref/ref_decode_attention.hpp"
+#include "cuda/common/cp_async.cuh"
 
 namespace lowbit::cuda_emu {
 int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Ptrs& ptrs, void* workspace,
@@ -117,21 +119,29 @@ TEST_P(EmuDecode, MatchesCpuReference) {
   x.out = out_ref.data();
   x.skip_ratio = sr_ref.data();
   ref::attn_decode_nf4(p, x);
-  x.out = out_emu.data();
-  x.skip_ratio = sr_emu.data();
-  ASSERT_EQ(cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr), 0) << "the call must take the fused path";
-  double worst = 0;
-  for (size_t i = 0; i < out_ref.size(); ++i) {
-    const double a = decode_bf16(out_emu[i]), r = decode_bf16(out_ref[i]);
-    ASSERT_TRUE(std::isfinite(a)) << i;
-    worst = std::max(worst, std::fabs(a - r));
-  }
-  EXPECT_LE(worst, 1.0 / 64) << "max |out - ref|";
   double skipped = 0;
-  for (size_t i = 0; i < sr_ref.size(); ++i) {
-    const int64_t nb = (lens[i / size_t(HK)] + s.block - 1) / s.block;
-    EXPECT_LE(std::fabs(sr_emu[i] - sr_ref[i]) * double(nb), 2.0) << "skip ratio of (b, g) " << i;
-    skipped += sr_ref[i];
+  for (const emu::CpAsyncMode mode : {emu::CpAsyncMode::kImmediate, emu::CpAsyncMode::kDeferred}) {
+    SCOPED_TRACE(mode == emu::CpAsyncMode::kImmediate ? "cp.async landing at issue" : "cp.async landing at wait");
+    emu::cp_async_mode = mode;
+    std::fill(out_emu.begin(), out_emu.end(), uint16_t(0xFFFF));
+    std::fill(sr_emu.begin(), sr_emu.end(), -1.f);
+    x.out = out_emu.data();
+    x.skip_ratio = sr_emu.data();
+    ASSERT_EQ(cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr), 0) << "the call must take the fused path";
+    emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
+    double worst = 0;
+    for (size_t i = 0; i < out_ref.size(); ++i) {
+      const double a = decode_bf16(out_emu[i]), r = decode_bf16(out_ref[i]);
+      ASSERT_TRUE(std::isfinite(a)) << i;
+      worst = std::max(worst, std::fabs(a - r));
+    }
+    EXPECT_LE(worst, 1.0 / 64) << "max |out - ref|";
+    skipped = 0;
+    for (size_t i = 0; i < sr_ref.size(); ++i) {
+      const int64_t nb = (lens[i / size_t(HK)] + s.block - 1) / s.block;
+      EXPECT_LE(std::fabs(sr_emu[i] - sr_ref[i]) * double(nb), 2.0) << "skip ratio of (b, g) " << i;
+      skipped += sr_ref[i];
+    }
   }
   if (std::isfinite(s.delta) && T >= 8 * s.block) EXPECT_GT(skipped, 0.0) << "the case should prune";
 }
