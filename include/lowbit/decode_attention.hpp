@@ -51,13 +51,18 @@ struct DecodeNf4Args {
 /// heads whose kept blocks hold t. With delta = +inf every block is kept: plain attention.
 ///
 /// Shapes: q [B, 1, H_q, D] bfloat16; k_nf4 / k_scale / k_residual as above (k_residual may be
-/// absent when use_fp8_residual is false); v [B, T, H_kv, Dv] bfloat16; seq_lens int32 [B]
+/// absent when use_fp8_residual is false); v [B, T, H_kv, Dv] bfloat16, or FP8 codes
+/// (float8_e4m3fn / float8_e5m2) with v_scale float32 [B, H_kv, Dv] (last dimension contiguous,
+/// other strides free, 0 included): v[t, c] = fp8(code) * v_scale[b, h, c] (the FP8 V cache of
+/// lowbit/vcache.hpp; any finite scale >= 0 is taken; v_scale must be absent for bf16 v);
+/// seq_lens int32 [B]
 /// (each in 1..T) or absent; precomputed_threshold float32 [B, H_q] or absent; out
 /// [B, H_q, Dv] bfloat16; skip_ratio float32 [B, H_kv] or absent. D, Dv in {64, 128, 256};
 /// H_q % H_kv == 0; T >= 1. Every tensor's last dimension is contiguous, other strides free;
 /// seq_lens and precomputed_threshold contiguous.
 void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const TensorView& k_scale,
-                             const TensorView& k_residual, const TensorView& v, const TensorView& seq_lens,
+                             const TensorView& k_residual, const TensorView& v, const TensorView& v_scale,
+                             const TensorView& seq_lens,
                              const TensorView& precomputed_threshold, const TensorView& out,
                              const TensorView& skip_ratio, const DecodeNf4Args& args = {}, Stream stream = {});
 

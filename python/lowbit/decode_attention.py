@@ -60,7 +60,7 @@ def _bool(v, op, arg):
     return bool(v)
 
 
-def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, seq_lens=None, block_size: int = 64,
+def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, v_scale=None, seq_lens=None, block_size: int = 64,
                             sub_block_size: int = 16, delta: float = 8.0, precomputed_threshold=None,
                             use_fp8_residual: bool = True, return_skip_ratio: bool = False, softmax_scale=None,
                             nibble_order: str = "low", out=None):
@@ -68,7 +68,9 @@ def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, seq_lens=None, 
 
     q [B, 1, H_q, D] bfloat16; k_nf4 / k_scale (float32 or bfloat16) / k_residual as in the module
     docstring (k_residual may be None when ``use_fp8_residual`` is False); v [B, T, H_kv, Dv]
-    bfloat16; D, Dv in {64, 128, 256}; H_q % H_kv == 0 (query head h reads KV head
+    bfloat16, or an FP8 V cache: float8_e4m3fn / float8_e5m2 codes with ``v_scale`` float32
+    [B, H_kv, Dv], v[t, c] = fp8(code) * v_scale[b, h, c] (``fp8_vcache_quantize`` /
+    ``fp8_vcache_append`` write it); D, Dv in {64, 128, 256}; H_q % H_kv == 0 (query head h reads KV head
     h // (H_q // H_kv)). ``seq_lens``: int32 [B] (or a list), each in 1..T (default T).
 
     With s[h, t] = softmax_scale * q[h] . k[t] (natural log units; softmax_scale None: 1/sqrt(D))
@@ -88,8 +90,13 @@ def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, seq_lens=None, 
     use_res = _bool(use_fp8_residual, op, "use_fp8_residual")
     if k_residual is not None or use_res:
         k_residual = _arr(k_residual, op, "k_residual", _RESIDUAL_DTYPES, 4)
-    v = _arr(v, op, "v", ("bfloat16",), 4)
-    for arg, a in (("k_nf4", k_nf4), ("k_scale", k_scale), ("k_residual", k_residual), ("v", v)):
+    v = _arr(v, op, "v", ("bfloat16",) + _RESIDUAL_DTYPES, 4)
+    if dtype_name(v.dtype, op, "v") == "bfloat16":
+        if v_scale is not None:
+            _fail(op, "v_scale", "is only taken with FP8 v (float8_e4m3fn / float8_e5m2); v is bfloat16")
+    else:
+        v_scale = _arr(v_scale, op, "v_scale", ("float32",), 3, float_default=True)
+    for arg, a in (("k_nf4", k_nf4), ("k_scale", k_scale), ("k_residual", k_residual), ("v", v), ("v_scale", v_scale)):
         same_backend(q, a, op, arg)
     be = Backend(q, op, "q")
     if seq_lens is not None:
@@ -121,9 +128,11 @@ def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, seq_lens=None, 
     ratio = be.empty((b, hk), "float32") if want_ratio else None
     sv, sdt = c_view(k_scale, op, "k_scale")
     rv, rdt = (None, _C.DType.float8_e5m2) if k_residual is None else c_view(k_residual, op, "k_residual")
+    vv, vdt = c_view(v, op, "v")
     with be.guard():
         _C.attn_forward_decode_nf4(
-            c_view(q, op, "q")[0], c_view(k_nf4, op, "k_nf4")[0], sv, sdt, rv, rdt, c_view(v, op, "v")[0],
+            c_view(q, op, "q")[0], c_view(k_nf4, op, "k_nf4")[0], sv, sdt, rv, rdt, vv, vdt,
+            None if v_scale is None else c_view(v_scale, op, "v_scale")[0],
             None if seq_lens is None else c_view(seq_lens, op, "seq_lens")[0],
             None if precomputed_threshold is None else c_view(precomputed_threshold, op, "precomputed_threshold")[0],
             c_view(out, op, "out")[0], None if ratio is None else c_view(ratio, op, "skip_ratio")[0], bs, sbs, d,

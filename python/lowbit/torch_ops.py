@@ -24,7 +24,7 @@ Importing this module registers (torch >= 2.4):
     torch.ops.lowbit.quantize_mxfp8_attn(x, layout="bshd", rounding="rceil") -> (codes, scales)
     torch.ops.lowbit.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, seq_lens=None,
         precomputed_threshold=None, block_size=64, sub_block_size=16, delta=8.0,
-        use_fp8_residual=True, softmax_scale=None) -> (out, skip_ratio)
+        use_fp8_residual=True, softmax_scale=None, v_scale=None) -> (out, skip_ratio)
     torch.ops.lowbit.kproj_rope_nf4_encode(x, w_k, positions, head_dim, rope_theta=10000.0,
         residual_dtype="float8_e5m2") -> (k_nf4, k_scale, k_residual)
     torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths) -> ()
@@ -273,10 +273,10 @@ def _(x, layout="bshd", rounding="rceil"):
 def attn_forward_decode_nf4(q: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residual: Optional[Tensor], v: Tensor,
                             seq_lens: Optional[Tensor] = None, precomputed_threshold: Optional[Tensor] = None,
                             block_size: int = 64, sub_block_size: int = 16, delta: float = 8.0,
-                            use_fp8_residual: bool = True,
-                            softmax_scale: Optional[float] = None) -> Tuple[Tensor, Tensor]:
-    return _dec.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, seq_lens=seq_lens, block_size=block_size,
-                                        sub_block_size=sub_block_size, delta=delta,
+                            use_fp8_residual: bool = True, softmax_scale: Optional[float] = None,
+                            v_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    return _dec.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, v_scale=v_scale, seq_lens=seq_lens,
+                                        block_size=block_size, sub_block_size=sub_block_size, delta=delta,
                                         precomputed_threshold=precomputed_threshold,
                                         use_fp8_residual=use_fp8_residual, return_skip_ratio=True,
                                         softmax_scale=softmax_scale)
@@ -284,7 +284,7 @@ def attn_forward_decode_nf4(q: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residua
 
 @attn_forward_decode_nf4.register_fake
 def _(q, k_nf4, k_scale, k_residual, v, seq_lens=None, precomputed_threshold=None, block_size=64, sub_block_size=16,
-      delta=8.0, use_fp8_residual=True, softmax_scale=None):
+      delta=8.0, use_fp8_residual=True, softmax_scale=None, v_scale=None):
     b, _, h, _ = q.shape
     return (q.new_empty((b, h, v.shape[3]), dtype=torch.bfloat16),
             q.new_empty((b, k_nf4.shape[2]), dtype=torch.float32))

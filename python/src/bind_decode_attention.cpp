@@ -12,7 +12,8 @@ void bind_decode_attention(nb::module_& m) {
   m.def(
       "attn_forward_decode_nf4",
       [](const Array& q, const Array& k_nf4, const Array& k_scale, lowbit::DType k_scale_dtype,
-         const OptArray& k_residual, lowbit::DType k_residual_dtype, const Array& v, const OptArray& seq_lens, const OptArray& threshold,
+         const OptArray& k_residual, lowbit::DType k_residual_dtype, const Array& v, lowbit::DType v_dtype,
+         const OptArray& v_scale, const OptArray& seq_lens, const OptArray& threshold,
          nb::handle out, nb::handle skip_ratio, int64_t block_size, int64_t sub_block_size, float delta,
          bool use_fp8_residual, float softmax_scale, lowbit::NibbleOrder nib, uintptr_t stream) {
         const char* op = "attn_forward_decode_nf4";
@@ -23,7 +24,8 @@ void bind_decode_attention(nb::module_& m) {
                                  sv = to_view(k_scale, k_scale_dtype, op, "k_scale"),
                                  rv = k_residual ? to_view(*k_residual, k_residual_dtype, op, "k_residual")
                                                  : lowbit::TensorView{},
-                                 vv = to_view(v, lowbit::DType::kBFloat16, op, "v"),
+                                 vv = to_view(v, v_dtype, op, "v"),
+                                 vsv = v_scale ? float32_view(*v_scale, op, "v_scale") : lowbit::TensorView{},
                                  lv = opt_view(seq_lens, op, "seq_lens"),
                                  tv = threshold ? float32_view(*threshold, op, "precomputed_threshold")
                                                 : lowbit::TensorView{},
@@ -36,10 +38,10 @@ void bind_decode_attention(nb::module_& m) {
         a.softmax_scale = softmax_scale;
         a.nibbles = nib;
         nb::gil_scoped_release release;
-        lowbit::attn_forward_decode_nf4(qv, cv, sv, rv, vv, lv, tv, ov, srv, a, make_stream(stream));
+        lowbit::attn_forward_decode_nf4(qv, cv, sv, rv, vv, vsv, lv, tv, ov, srv, a, make_stream(stream));
       },
       "q"_a, "k_nf4"_a, "k_scale"_a, "k_scale_dtype"_a, "k_residual"_a.none(), "k_residual_dtype"_a, "v"_a,
-      "seq_lens"_a.none(), "precomputed_threshold"_a.none(), "out"_a, "skip_ratio"_a.none(), "block_size"_a,
+      "v_dtype"_a, "v_scale"_a.none(), "seq_lens"_a.none(), "precomputed_threshold"_a.none(), "out"_a, "skip_ratio"_a.none(), "block_size"_a,
       "sub_block_size"_a, "delta"_a, "use_fp8_residual"_a, "softmax_scale"_a, "nibbles"_a, "stream"_a = 0,
       "Pruned decode attention over an NF4 + FP8-residual K cache (lowbit::attn_forward_decode_nf4).");
 

@@ -52,7 +52,8 @@ std::vector<int32_t> host_lengths(const Checker& c, const TensorView& t, const c
 }  // namespace
 
 void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const TensorView& k_scale,
-                             const TensorView& k_residual, const TensorView& v, const TensorView& seq_lens,
+                             const TensorView& k_residual, const TensorView& v, const TensorView& v_scale,
+                             const TensorView& seq_lens,
                              const TensorView& precomputed_threshold, const TensorView& out,
                              const TensorView& skip_ratio, const DecodeNf4Args& args, Stream stream) {
   Checker c{"attn_forward_decode_nf4"};
@@ -72,11 +73,16 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
   c.require(k_scale, Req("k_scale").dtypes({DType::kFloat32, DType::kBFloat16}).shape({B, HK, D}).last_contiguous());
   if (args.use_fp8_residual || k_residual.present())
     c.require(k_residual, Req("k_residual").dtypes(kResidualTypes).shape({B, T, HK, D}).last_contiguous());
-  c.require(v, Req("v").dtypes({DType::kBFloat16}).rank(4, "[B, T, H_kv, Dv]"));
+  c.require(v, Req("v").dtypes({DType::kBFloat16, DType::kE4M3, DType::kE5M2}).rank(4, "[B, T, H_kv, Dv]"));
   const int64_t DV = v.shape[3];
   c.shape(v, "v", {B, T, HK, DV});
   check_dim(c, "v", "value head dim Dv", DV);
   c.last_contiguous(v, "v");
+  const bool v8 = v.dtype != DType::kBFloat16;
+  if (v8)
+    c.require(v_scale, Req("v_scale").dtypes({DType::kFloat32}).shape({B, HK, DV}).last_contiguous());
+  else if (v_scale.present())
+    c.fail("v_scale", "is only taken with FP8 v (float8_e4m3fn / float8_e5m2); v is bfloat16");
   if (seq_lens.present())
     c.require(seq_lens, Req("seq_lens").dtypes({DType::kInt32}).shape({B}).contiguous("seq_lens"));
   if (precomputed_threshold.present())
@@ -98,7 +104,7 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
     c.fail("nibbles", "expected NibbleOrder::kLowFirst or kHighFirst");
   c.no_overlap({{"out", &out}, {"skip_ratio", &skip_ratio}},
                {{"q", &q}, {"k_nf4", &k_nf4}, {"k_scale", &k_scale}, {"k_residual", &k_residual}, {"v", &v},
-                {"seq_lens", &seq_lens}, {"precomputed_threshold", &precomputed_threshold}});
+                {"v_scale", &v_scale}, {"seq_lens", &seq_lens}, {"precomputed_threshold", &precomputed_threshold}});
 
   DecodeNf4Plan p;
   p.batch = B;
@@ -115,6 +121,7 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
   p.scale_dtype = k_scale.dtype;
   p.residual_dtype = k_residual.present() ? k_residual.dtype : DType::kE5M2;
   p.nibbles = args.nibbles;
+  p.v_dtype = v.dtype;
   p.has_seq_lens = seq_lens.present();
   p.has_threshold = precomputed_threshold.present();
   p.has_skip_ratio = skip_ratio.present();
@@ -128,13 +135,15 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
     p.ks_stride[i] = k_scale.strides[i];
     p.o_stride[i] = out.strides[i];
     p.sr_stride[i] = skip_ratio.present() ? skip_ratio.strides[i] : 0;
+    p.vs_stride[i] = v8 ? v_scale.strides[i] : 0;
   }
   DecodeNf4Ptrs x;
   x.q = q.ptr<const uint16_t>();
   x.k_nf4 = k_nf4.ptr<const uint8_t>();
   x.k_scale = k_scale.data;
   x.k_residual = k_residual.present() ? k_residual.ptr<const uint8_t>() : nullptr;
-  x.v = v.ptr<const uint16_t>();
+  x.v = v.data;
+  x.v_scale = v8 ? v_scale.ptr<const float>() : nullptr;
   x.threshold = precomputed_threshold.present() ? precomputed_threshold.ptr<const float>() : nullptr;
   x.out = out.ptr<uint16_t>();
   x.skip_ratio = skip_ratio.present() ? skip_ratio.ptr<float>() : nullptr;

@@ -57,9 +57,14 @@ void attn_decode_nf4(const DecodeNf4Plan& p, const DecodeNf4Ptrs& x) {
     auto sz = [](int64_t v) { return static_cast<size_t>(v); };
     std::vector<double> K(sz(L * D)), V(sz(L * Dv)), q(sz(D)), s(sz(G * L)), M(sz(G * n));
     decode_keys(p, x, b, g, L, K.data());
+    // values: bf16, or FP8 codes times the channel's scale (the exact product, in fp64)
+    const float* vs = x.v_scale ? x.v_scale + b * p.vs_stride[0] + g * p.vs_stride[1] : nullptr;
     for (int64_t t = 0; t < L; ++t) {
-      const uint16_t* vt = x.v + b * p.v_stride[0] + t * p.v_stride[1] + g * p.v_stride[2];
-      for (int64_t c = 0; c < Dv; ++c) V[size_t(t * Dv + c)] = double(decode_bf16(vt[c]));
+      const int64_t v0 = b * p.v_stride[0] + t * p.v_stride[1] + g * p.v_stride[2];
+      for (int64_t c = 0; c < Dv; ++c) {
+        const double e = double(load_float(x.v, p.v_dtype, v0 + c));
+        V[size_t(t * Dv + c)] = vs ? e * double(vs[c]) : e;
+      }
     }
     // scores and block maxima (each block's max is the max of its sub-block maxima)
     std::vector<double> thr(sz(G));

@@ -32,11 +32,14 @@ def np_keys(k_nf4, k_scale, k_residual):
 
 
 def np_decode(q, k_nf4, k_scale, k_residual, v, seq_lens=None, block_size=64, delta=math.inf, threshold=None,
-              softmax_scale=None):
-    """(out [B, H_q, Dv] fp64, skip_ratio [B, H_kv]) by the rules of docs/decode_attention.md."""
+              softmax_scale=None, v_scale=None):
+    """(out [B, H_q, Dv] fp64, skip_ratio [B, H_kv]) by the rules of docs/decode_attention.md
+    (FP8 v: the codes' values times v_scale [B, H_kv, Dv], in fp64)."""
     q = np.asarray(q).astype(np.float64)[:, 0]  # [B, H_q, D]
     K = np_keys(k_nf4, k_scale, k_residual)
     V = np.asarray(v).astype(np.float64)
+    if v_scale is not None:
+        V = V * np.asarray(v_scale).astype(np.float64)[:, None]
     B, H, D = q.shape
     T, HK, DV = K.shape[1], K.shape[2], V.shape[3]
     G = H // HK
@@ -80,6 +83,16 @@ def assert_bf16_close(out, ref):
     ulp = np.ldexp(1.0, (np.floor(np.log2(np.maximum(np.abs(ref[fin]), 2.0 ** -126))) - 7).astype(np.int32))
     bad = np.abs(o[fin] - ref[fin]) > ulp
     assert not bad.any(), f"{bad.sum()} elements beyond one bf16 ulp; max err {np.abs(o[fin] - ref[fin]).max()}"
+
+
+def make_v8(B, T, HK, DV, seed, dtype="float8_e4m3fn"):
+    """An FP8 V cache (NumPy): codes of N(0, 1) values and per-(b, h, channel) float32 scales, a
+    third of them not powers of two, the rest 2^-3 .. 2^3."""
+    rng = np.random.default_rng(seed)
+    codes = rng.standard_normal((B, T, HK, DV)).astype(np.float32).astype(getattr(ml_dtypes, dtype))
+    i = np.arange(B * HK * DV).reshape(B, HK, DV)
+    scale = np.where(i % 3 == 0, 0.37 + 0.01 * (i % 7), np.ldexp(1.0, i % 7 - 3)).astype(np.float32)
+    return codes, scale
 
 
 def make_cache(B, T, H, HK, D, DV, seed, residual_dtype="float8_e5m2", sinks=False):

@@ -104,6 +104,61 @@ def test_gpu_unpruned_accuracy(shape, ragged):
     assert torch.isfinite(out).all() and err <= bound, (err, bound)
 
 
+def t_v8(B, T, HK, DV, seed, dtype):
+    """An FP8 V cache on the GPU (codes of N(0, 1) values, per-channel float32 scales, a third of
+    them not powers of two) and its fp64 dequantized values."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randn((B, T, HK, DV), generator=g).to(getattr(torch, dtype))
+    i = torch.arange(B * HK * DV).reshape(B, HK, DV)
+    scale = torch.where(i % 3 == 0, 0.37 + 0.01 * (i % 7), torch.ldexp(torch.ones(()), (i % 7 - 3).float())).float()
+    codes, scale = codes.cuda(), scale.cuda()
+    return codes, scale, codes.double() * scale.double()[:, None]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[5], SHAPES[6], SHAPES[7]],
+                         ids=lambda s: "b%d_t%d_h%d-%d_d%d-%d" % s)
+@pytest.mark.parametrize("vdt", ["float8_e4m3fn", "float8_e5m2"])
+def test_gpu_fp8_v_unpruned_accuracy(shape, vdt):
+    """FP8 V with per-channel scales (the fused path, and the generic one for D != Dv), under the
+    rule with O_ref / O_bf16 of the dequantized V."""
+    torch = _torch()
+    B, T, H, HK, D, DV = shape
+    q, c, s, r, _ = t_cache(B, T, H, HK, D, DV, seed=T + 2 * B)
+    v8, vs, vd = t_v8(B, T, HK, DV, seed=T + 5, dtype=vdt)
+    lens = [max(1, T - (41 * b) % T) for b in range(B)]
+    out = torch.full((B, H, DV), math.nan, dtype=torch.bfloat16, device="cuda")
+    lens_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    call_or_xfail(lowbit.attn_forward_decode_nf4, q, c, s, r, v8, v_scale=vs, seq_lens=lens_t, delta=math.inf, out=out)
+    torch.cuda.synchronize()
+    o_ref, o_bf = t_references(q, c, s, r, vd, lens)
+    err = (out.double() - o_ref).abs().max().item()
+    bound = 3 * (o_bf - o_ref).abs().max().item() + 2 ** -9
+    assert torch.isfinite(out).all() and err <= bound, (err, bound)
+    # the channel scales are applied: doubling one channel's scale doubles that channel, bit for bit
+    vs2 = vs.clone()
+    vs2[:, :, 5] *= 2
+    out2 = lowbit.attn_forward_decode_nf4(q, c, s, r, v8, v_scale=vs2, seq_lens=lens_t, delta=math.inf)
+    assert torch.equal(out2[..., 5].float(), 2 * out[..., 5].float())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vdt", ["float8_e4m3fn", "float8_e5m2"])
+def test_gpu_fp8_v_pruned_matches_cpu_reference(vdt):
+    torch = _torch()
+    B, T, H, HK, D = 4, 1000, 32, 8, 128
+    q, c, s, r, _ = t_cache(B, T, H, HK, D, D, seed=13, sinks=True)
+    v8, vs, _ = t_v8(B, T, HK, D, seed=14, dtype=vdt)
+    kw = dict(block_size=32, sub_block_size=16, delta=2.0, return_skip_ratio=True)
+    out, ratio = call_or_xfail(lowbit.attn_forward_decode_nf4, q, c, s, r, v8, v_scale=vs, **kw)
+    ref, ref_ratio = lowbit.attn_forward_decode_nf4(*(t.cpu() for t in (q, c, s, r, v8)), v_scale=vs.cpu(), **kw)
+    assert ref_ratio.max().item() > 0  # the case prunes
+    assert (ratio.cpu() - ref_ratio).abs().max().item() <= 2 / 32
+    # one bf16 rounding apart (either side of a tie) and fp32 against fp64 sums
+    assert ((out.cpu().double() - ref.double()).abs() <= 2 ** -6 * ref.double().abs().clamp(min=1)).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("delta", [0.0, 2.0])
 def test_gpu_pruning_matches_cpu_reference(delta):

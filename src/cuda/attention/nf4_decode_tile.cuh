@@ -64,13 +64,14 @@ template <int kD, bool kRes>
 struct Smem {
   static constexpr int kCodes = kTile * code_pitch<kD>();          // one K buffer of codes
   static constexpr int kResid = kRes ? kTile * res_pitch<kD>() : 0;
-  static constexpr int kV = kTile * kD * 2;                          // one V buffer (Dv == D, bf16)
-  // layout: codes | resid | v[2] | q[qk_heads][D] | scale[D] | S[2][qk_heads][kTile] | P[kTile][8] |
-  // lut[16] | alpha, m, l [8 each] | thr[64] | ballots[64][8] | keep[2][kTile] | misc[8]
-  static constexpr int kFixed = kCodes + kResid + 2 * kV;
-  static size_t bytes(int qk_heads) {
-    return size_t(kFixed) + size_t(qk_heads) * kD * 4 + kD * 4 + 2 * size_t(qk_heads) * kTile * 4 +
-           kTile * kMaxHeads * 4 + (16 + 3 * kMaxHeads + 64 + 64 * 8 + 2 * kTile + 8) * 4;
+  /// One V buffer (Dv == D): bf16, or FP8 codes (v8).
+  static constexpr int v_bytes(bool v8) { return kTile * kD * (v8 ? 1 : 2); }
+  // layout: codes | resid | v[2] | q[qk_heads][D] | scale[D] | vscale[D] | S[2][qk_heads][kTile] |
+  // P[kTile][8] | lut[16] | alpha, m, l [8 each] | thr[64] | ballots[64][8] | keep[2][kTile] | misc[8]
+  // (the two V buffers also hold the end's reduction of o: 8 * 8 * D floats = 2 * kTile * D bytes)
+  static size_t bytes(int qk_heads, bool v8) {
+    return size_t(kCodes + kResid + 2 * v_bytes(v8)) + size_t(qk_heads) * kD * 4 + 2 * kD * 4 +
+           2 * size_t(qk_heads) * kTile * 4 + kTile * kMaxHeads * 4 + (16 + 3 * kMaxHeads + 64 + 64 * 8 + 2 * kTile + 8) * 4;
   }
 };
 

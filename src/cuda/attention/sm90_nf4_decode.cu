@@ -196,8 +196,9 @@ __global__ void __launch_bounds__(256) blocks_kernel(const Params P) {
           const int ch = threadIdx.x + 256 * c;
           if (ch >= kDv) continue;
           for (int tt = 0; tt < int(u1 - u0); ++tt) {
+            // bf16, or the FP8 code (its channel scale multiplies the partial o below)
             const float v =
-                decode_bf16(P.x.v[b * p.v_stride[0] + (u0 + tt) * p.v_stride[1] + g * p.v_stride[2] + ch]);
+                detail::load_float(P.x.v, p.v_dtype, b * p.v_stride[0] + (u0 + tt) * p.v_stride[1] + g * p.v_stride[2] + ch);
             for (int i = 0; i < gi; ++i) o[i][c] = fmaf(pw[i][tt], v, o[i][c]);
           }
         }
@@ -214,7 +215,8 @@ __global__ void __launch_bounds__(256) blocks_kernel(const Params P) {
 #pragma unroll
       for (int c = 0; c < kCh; ++c) {
         const int ch = threadIdx.x + 256 * c;
-        if (ch < kDv) dst[2 + ch] = o[i][c];
+        if (ch < kDv)
+          dst[2 + ch] = P.x.v_scale ? o[i][c] * P.x.v_scale[b * p.vs_stride[0] + g * p.vs_stride[1] + ch] : o[i][c];
       }
     }
     if (i0 == 0 && threadIdx.x == 0) P.skipped[(b * p.heads_kv + g) * P.n_chunks + chunk] = skipped;

@@ -34,12 +34,13 @@ struct DecodeCase {
   int64_t b, t, hq, hkv, d, block;
   float delta;
   bool residual, e4m3, high_first, ragged;
+  int v8 = 0;  ///< V: 0 bf16, 1 E4M3 codes, 2 E5M2 codes (with per-channel scales)
 };
 
 std::ostream& operator<<(std::ostream& os, const DecodeCase& c) {
   return os << "b" << c.b << "_t" << c.t << "_h" << c.hq << "-" << c.hkv << "_d" << c.d << "_bs" << c.block << "_delta"
             << c.delta << (c.residual ? (c.e4m3 ? "_e4m3" : "_e5m2") : "_nores") << (c.high_first ? "_hi" : "_lo")
-            << (c.ragged ? "_ragged" : "");
+            << (c.ragged ? "_ragged" : "") << (c.v8 == 1 ? "_ve4m3" : c.v8 == 2 ? "_ve5m2" : "");
 }
 
 class EmuDecode : public ::testing::TestWithParam<DecodeCase> {};
@@ -52,9 +53,13 @@ TEST_P(EmuDecode, MatchesCpuReference) {
   std::uniform_int_distribution<int> byte(0, 255);
   std::vector<uint16_t> q(size_t(B * H * D)), v(size_t(B * T * HK * D));
   std::vector<uint8_t> codes(size_t(B * T * HK * D / 2)), res(size_t(B * T * HK * D));
-  std::vector<float> scale(size_t(B * HK * D));
+  std::vector<float> scale(size_t(B * HK * D)), vscale(size_t(B * HK * D));
+  std::vector<uint8_t> v8(size_t(B * T * HK * D));
   for (auto& x : q) x = encode_bf16(n(rng));
   for (auto& x : v) x = encode_bf16(n(rng));
+  for (size_t i = 0; i < v8.size(); ++i)  // FP8 V: the codes of N(0, 1) values, channel scales 2^[-3, 3] or not powers of two
+    v8[i] = s.v8 == 2 ? encode_e5m2(n(rng)) : encode_e4m3(n(rng));
+  for (size_t i = 0; i < vscale.size(); ++i) vscale[i] = i % 3 == 0 ? 0.37f + 0.01f * float(i % 7) : std::ldexp(1.0f, int(i % 7) - 3);
   for (auto& x : codes) x = uint8_t(byte(rng));
   for (auto& x : scale) x = 0.05f + std::fabs(n(rng)) * 0.2f;
   for (auto& x : res) {  // finite residuals of about a tenth of the scale
@@ -92,6 +97,7 @@ TEST_P(EmuDecode, MatchesCpuReference) {
   p.scale_dtype = DType::kFloat32;
   p.residual_dtype = s.e4m3 ? DType::kE4M3 : DType::kE5M2;
   p.nibbles = s.high_first ? NibbleOrder::kHighFirst : NibbleOrder::kLowFirst;
+  p.v_dtype = s.v8 == 0 ? DType::kBFloat16 : (s.v8 == 1 ? DType::kE4M3 : DType::kE5M2);
   p.has_seq_lens = true;
   p.has_skip_ratio = true;
   const int64_t q_st[3] = {H * D, H * D, D}, kc_st[3] = {T * HK * D / 2, HK * D / 2, D / 2}, ks_st[2] = {HK * D, D},
@@ -106,6 +112,7 @@ TEST_P(EmuDecode, MatchesCpuReference) {
     p.ks_stride[i] = ks_st[i];
     p.o_stride[i] = o_st[i];
     p.sr_stride[i] = sr_st[i];
+    p.vs_stride[i] = ks_st[i];
   }
   std::vector<uint16_t> out_ref(size_t(B * H * D), 0xFFFF), out_emu(size_t(B * H * D), 0xFFFF);
   std::vector<float> sr_ref(size_t(B * HK), -1.f), sr_emu(size_t(B * HK), -1.f);
@@ -114,7 +121,8 @@ TEST_P(EmuDecode, MatchesCpuReference) {
   x.k_nf4 = codes.data();
   x.k_scale = scale.data();
   x.k_residual = s.residual ? res.data() : nullptr;
-  x.v = v.data();
+  x.v = s.v8 ? static_cast<const void*>(v8.data()) : static_cast<const void*>(v.data());
+  x.v_scale = s.v8 ? vscale.data() : nullptr;
   x.seq_lens = lens.data();
   x.out = out_ref.data();
   x.skip_ratio = sr_ref.data();
@@ -156,7 +164,10 @@ INSTANTIATE_TEST_SUITE_P(
                       DecodeCase{3, 300, 2, 2, 64, 16, 1.2f, false, false, false, true},
                       DecodeCase{1, 400, 4, 1, 256, 16, 1.2f, true, true, false, false},
                       DecodeCase{2, 1, 4, 1, 128, 64, 1.2f, true, false, false, false},
-                      DecodeCase{2, 130, 4, 2, 64, 1, 1.2f, true, false, true, true}),
+                      DecodeCase{2, 130, 4, 2, 64, 1, 1.2f, true, false, true, true},
+                      DecodeCase{2, 700, 8, 2, 128, 16, 1.2f, true, false, false, true, 1},
+                      DecodeCase{1, 300, 4, 1, 64, 64, INFINITY, false, false, false, false, 2},
+                      DecodeCase{1, 400, 8, 1, 256, 32, 1.2f, true, true, false, true, 1}),
     [](const ::testing::TestParamInfo<DecodeCase>& i) {
       std::ostringstream os;
       os << i.param;
