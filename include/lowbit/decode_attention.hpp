@@ -112,4 +112,28 @@ void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const T
                        const TensorView& k_residual, const TensorView& lengths,
                        NibbleOrder nibbles = NibbleOrder::kLowFirst, Stream stream = {});
 
+/// The FP8 V cache read by attn_forward_decode_nf4 (FP8 v with v_scale; lowbit/vcache.hpp): from v
+/// [B, T, H_kv, Dv] float32 / float16 / bfloat16, codes [B, T, H_kv, Dv] float8_e4m3fn or
+/// float8_e5m2 (the codes' dtype picks the format) and scale [B, H_kv, Dv] float32:
+///   scale[b, h, c] = the smallest power of two 2^e with amax <= fmax * 2^e (0 when amax = 0),
+///                    amax the finite amax of the channel over T, fmax 448 (E4M3) / 57344 (E5M2)
+///   codes[b, t, h, c] = fp8(v / scale) (round to nearest even, Saturate::kNone: never overflows)
+/// Strides free. The CUDA result is bit for bit the CPU reference's.
+void fp8_vcache_quantize(const TensorView& v, const TensorView& codes, const TensorView& scale, Stream stream = {});
+
+/// Appends N new values per sequence to an FP8 V cache, in place: v_new[b, i] becomes token
+/// lengths[b] + i (lengths[b] + N <= T). Per (b, h, c), with a = finite amax of the new values of
+/// that channel and s the stored scale:
+///   a <= fmax * s: the new values are encoded with s;
+///   a >  fmax * s: the channel is rescaled: s' = the power-of-two scale of a (as
+///                  fp8_vcache_quantize), each cached token t < lengths[b] re-encoded from its
+///                  value (fp8(code) * s, fp32) with s', the new values with s'.
+/// A cache whose scales are 0 and lengths 0 (an empty cache) becomes fp8_vcache_quantize of the
+/// appended values. Tokens at or beyond lengths[b] + N are not touched. v_new [B, N, H_kv, Dv]
+/// float32 / float16 / bfloat16; lengths int32 [B] (each in 0..T-N). CUDA: the lengths are copied
+/// to the host and validated there (one stream-ordered copy and wait per call). The CUDA result is
+/// bit for bit the CPU reference's.
+void fp8_vcache_append(const TensorView& v_new, const TensorView& codes, const TensorView& scale,
+                       const TensorView& lengths, Stream stream = {});
+
 }  // namespace lowbit

@@ -20,7 +20,8 @@ from .attention import (
     flash_attn_mxfp8_varlen_func,
     quantize_mxfp8_attn,
 )
-from .decode_attention import attn_forward_decode_nf4, kproj_rope_nf4_encode, nf4_kcache_append
+from .decode_attention import (attn_forward_decode_nf4, fp8_vcache_append, fp8_vcache_quantize, kproj_rope_nf4_encode,
+                               nf4_kcache_append)
 from ._formats import FORMAT_NAMES, LAYOUTS, Format, Quantized
 from .gemm import (
     custom_kernel,
@@ -59,7 +60,8 @@ __all__ = [
     "nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "custom_kernel", "group_gemm_mxfp4_nt_groupwise",
     "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp",
     "flash_attn_mxfp8_func", "flash_attn_mxfp8_varlen_func", "quantize_mxfp8_attn", "flash_attn_mxfp8_quantized",
-    "attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append",
+    "attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append", "fp8_vcache_quantize",
+    "fp8_vcache_append",
     "mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm",
 ]
 

@@ -23,7 +23,8 @@ from . import _C
 from ._arrays import Backend, as_array, c_view, check_float, check_int, dtype_name, is_torch, same_backend
 from .ops import _nibbles
 
-__all__ = ["attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append"]
+__all__ = ["attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append", "fp8_vcache_quantize",
+           "fp8_vcache_append"]
 
 _RESIDUAL_DTYPES = ("float8_e5m2", "float8_e4m3fn")
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -213,3 +214,50 @@ def nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths, *, nibble_orde
     with be.guard():
         _C.nf4_kcache_append(kv, kdt, c_view(k_nf4, op, "k_nf4")[0], c_view(k_scale, op, "k_scale")[0], rv, rdt,
                              c_view(lengths, op, "lengths")[0], _nibbles(nibble_order, op), be.stream())
+
+
+def fp8_vcache_quantize(v, dtype="float8_e4m3fn"):
+    """The FP8 V cache of ``v`` [B, T, H_kv, Dv] (float32 / float16 / bfloat16), as
+    attn_forward_decode_nf4 reads it with ``v_scale``: returns ``(codes, scale)``, codes [B, T,
+    H_kv, Dv] of ``dtype`` (float8_e4m3fn or float8_e5m2), scale [B, H_kv, Dv] float32. Per
+    channel the scale is the smallest power of two 2^e with amax <= fmax * 2^e (0 for an all-zero
+    channel; amax the finite amax over T, fmax 448 / 57344), and each code is fp8(v / scale),
+    round to nearest even (values never overflow; NaN -> NaN; Inf -> Inf in E5M2, NaN in E4M3).
+    torch CUDA tensors run the sm_90a kernels, bit for bit the CPU result."""
+    op = "fp8_vcache_quantize"
+    v = _arr(v, op, "v", _FLOAT_DTYPES, 4, float_default=True)
+    name = dtype_name(dtype, op, "dtype")
+    if name not in _RESIDUAL_DTYPES:
+        _fail(op, "dtype", f"expected float8_e4m3fn or float8_e5m2, got {name}")
+    be = Backend(v, op, "v")
+    b, t, h, d = (int(x) for x in v.shape)
+    codes = be.empty((b, t, h, d), name)
+    scale = be.empty((b, h, d), "float32")
+    vv, vdt = c_view(v, op, "v")
+    cv, cdt = c_view(codes, op, "codes")
+    with be.guard():
+        _C.fp8_vcache_quantize(vv, vdt, cv, cdt, c_view(scale, op, "scale")[0], be.stream())
+    return codes, scale
+
+
+def fp8_vcache_append(v_new, codes, scale, lengths) -> None:
+    """Appends N new values per sequence to the FP8 V cache (codes [B, T, H_kv, Dv], scale [B,
+    H_kv, Dv] float32), in place: v_new [B, N, H_kv, Dv] (float32 / float16 / bfloat16) becomes
+    tokens lengths[b] .. lengths[b] + N - 1 (lengths: int32 [B] or a list, each in 0..T-N).
+    Per channel, a = finite amax of the new values: a <= fmax * scale keeps the scale; otherwise
+    the scale becomes the power-of-two scale of a (as fp8_vcache_quantize) and every cached token
+    t < lengths[b] is re-encoded from its value fp8(code) * old scale. A cache of zero scales
+    and lengths becomes fp8_vcache_quantize of what is appended (docs/decode_attention.md)."""
+    op = "fp8_vcache_append"
+    v_new = _arr(v_new, op, "v_new", _FLOAT_DTYPES, 4, float_default=True)
+    codes = _arr(codes, op, "codes", _RESIDUAL_DTYPES, 4)
+    scale = _arr(scale, op, "scale", ("float32",), 3)
+    be = Backend(v_new, op, "v_new")
+    lengths = _lengths(be, lengths, op, "lengths")
+    for arg, a in (("codes", codes), ("scale", scale), ("lengths", lengths)):
+        same_backend(v_new, a, op, arg)
+    vv, vdt = c_view(v_new, op, "v_new")
+    cv, cdt = c_view(codes, op, "codes")
+    with be.guard():
+        _C.fp8_vcache_append(vv, vdt, cv, cdt, c_view(scale, op, "scale")[0], c_view(lengths, op, "lengths")[0],
+                             be.stream())

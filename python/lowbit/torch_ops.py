@@ -29,12 +29,14 @@ Importing this module registers (torch >= 2.4):
         residual_dtype="float8_e5m2") -> (k_nf4, k_scale, k_residual)
     torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths) -> ()
         (mutates k_nf4, k_scale and k_residual)
+    torch.ops.lowbit.fp8_vcache_quantize(v, dtype="float8_e4m3fn") -> (codes, scale)
+    torch.ops.lowbit.fp8_vcache_append(v_new, codes, scale, lengths) -> () (mutates codes and scale)
     torch.ops.lowbit.mxfp4_gemm / nvfp4_gemm (the dense linears) and gpt_oss_moe_mlp (the
         gpt-oss expert MLP): signatures at their definitions below
 
 The NF4 K-cache decode ops (lowbit.decode_attention) run their sm_90a kernels on CUDA tensors;
-nf4_kcache_append copies its lengths to the host to validate them: a host synchronisation, the
-one exception to the graph capture below.
+nf4_kcache_append and fp8_vcache_append copy their lengths to the host to validate them: a host
+synchronisation, the one exception to the graph capture below.
 
 Arguments, formulas and output dtypes are those of the lowbit functions of the same names
 (lowbit.quantize etc.; 0 / "" select a format's default block / rule / scale dtype). Every op
@@ -316,9 +318,30 @@ def _(k_new, k_nf4, k_scale, k_residual, lengths):
     return None
 
 
+@torch.library.custom_op("lowbit::fp8_vcache_quantize", mutates_args=())
+def fp8_vcache_quantize(v: Tensor, dtype: str = "float8_e4m3fn") -> Tuple[Tensor, Tensor]:
+    return _dec.fp8_vcache_quantize(v, dtype)
+
+
+@fp8_vcache_quantize.register_fake
+def _(v, dtype="float8_e4m3fn"):
+    b, t, h, d = v.shape
+    return v.new_empty((b, t, h, d), dtype=_CODE_DTYPES[dtype]), v.new_empty((b, h, d), dtype=torch.float32)
+
+
+@torch.library.custom_op("lowbit::fp8_vcache_append", mutates_args=("codes", "scale"))
+def fp8_vcache_append(v_new: Tensor, codes: Tensor, scale: Tensor, lengths: Tensor) -> None:
+    _dec.fp8_vcache_append(v_new, codes, scale, lengths)
+
+
+@fp8_vcache_append.register_fake
+def _(v_new, codes, scale, lengths):
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # dense linears (lowbit.linear): mxfp4_gemm (CUDA: the grouped MXFP4 kernel with one group),
-# nvfp4_gemm (CPU reference only; CUDA tensors raise NotImplementedError)
+# nvfp4_gemm (CUDA: the NVFP4 dual GEMM's mainloop; docs/linear.md)
 #
 #   torch.ops.lowbit.mxfp4_gemm(a, b, b_scale, a_scale=None, bias=None, a_scale_layout="row_major",
 #       b_scale_layout="row_major", b_packed=False, n=None, out_dtype=torch.bfloat16) -> c [M, N]

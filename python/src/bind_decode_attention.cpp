@@ -1,5 +1,6 @@
 // python/src/bind_decode_attention.cpp: the NF4 K-cache decode ops (attn_forward_decode_nf4,
-// kproj_rope_nf4_encode, nf4_kcache_append; lowbit/decode_attention.hpp).
+// kproj_rope_nf4_encode, nf4_kcache_append) and the FP8 V cache (fp8_vcache_quantize,
+// fp8_vcache_append; lowbit/decode_attention.hpp).
 // Registration and conversion only (bind_common.hpp); the C++ API validates and computes.
 #include "bind_common.hpp"
 #include "lowbit/decode_attention.hpp"
@@ -84,6 +85,34 @@ void bind_decode_attention(nb::module_& m) {
       },
       "k_new"_a, "k_dtype"_a, "k_nf4"_a, "k_scale"_a, "k_residual"_a, "residual_dtype"_a, "lengths"_a, "nibbles"_a,
       "stream"_a = 0, "Append keys to an NF4 + FP8-residual K cache in place (lowbit::nf4_kcache_append).");
+
+  m.def(
+      "fp8_vcache_quantize",
+      [](const Array& v, lowbit::DType v_dtype, nb::handle codes, lowbit::DType codes_dtype, nb::handle scale,
+         uintptr_t stream) {
+        const char* op = "fp8_vcache_quantize";
+        const Out co = out_array(codes, codes_dtype, op, "codes"), so = out_array(scale, lowbit::DType::kFloat32, op, "scale");
+        const lowbit::TensorView vv = to_view(v, v_dtype, op, "v"), cv = co.v, sv = so.v;
+        nb::gil_scoped_release release;
+        lowbit::fp8_vcache_quantize(vv, cv, sv, make_stream(stream));
+      },
+      "v"_a, "v_dtype"_a, "codes"_a, "codes_dtype"_a, "scale"_a, "stream"_a = 0,
+      "FP8 V cache of v: power-of-two channel scales and codes (lowbit::fp8_vcache_quantize).");
+
+  m.def(
+      "fp8_vcache_append",
+      [](const Array& v_new, lowbit::DType v_dtype, nb::handle codes, lowbit::DType codes_dtype, nb::handle scale,
+         const Array& lengths, uintptr_t stream) {
+        const char* op = "fp8_vcache_append";
+        const Out co = out_array(codes, codes_dtype, op, "codes"), so = out_array(scale, lowbit::DType::kFloat32, op, "scale");
+        const lowbit::TensorView vv = to_view(v_new, v_dtype, op, "v_new"),
+                                 lv = to_view(lengths, infer_dtype(lengths, op, "lengths"), op, "lengths"), cv = co.v,
+                                 sv = so.v;
+        nb::gil_scoped_release release;
+        lowbit::fp8_vcache_append(vv, cv, sv, lv, make_stream(stream));
+      },
+      "v_new"_a, "v_dtype"_a, "codes"_a, "codes_dtype"_a, "scale"_a, "lengths"_a, "stream"_a = 0,
+      "Append values to an FP8 V cache in place (lowbit::fp8_vcache_append).");
 }
 
 }  // namespace lowbit_bind

@@ -1,6 +1,6 @@
 // src/api/decode_attention.cpp: argument validation and dispatch of the NF4 K-cache decode ops
-// (lowbit/decode_attention.hpp): attn_forward_decode_nf4, kproj_rope_nf4_encode and
-// nf4_kcache_append. Every argument is checked before anything is written; CPU tensors then run
+// (lowbit/decode_attention.hpp): attn_forward_decode_nf4, kproj_rope_nf4_encode,
+// nf4_kcache_append, and the FP8 V cache's fp8_vcache_quantize and fp8_vcache_append. Every argument is checked before anything is written; CPU tensors then run
 // the reference (src/ref/ref_decode_attention.cpp, src/ref/ref_kcache_encode.cpp), CUDA tensors
 // the sm_90a kernels (src/cuda/attention/launch_decode.hpp: sm90_nf4_decode.cu,
 // sm90_nf4_encode.cu) through run_on_device (CUDA + CUTLASS builds; NotSupportedError otherwise).
@@ -281,6 +281,74 @@ void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const T
   const std::vector<int32_t> lens = host_lengths(c, lengths, "lengths", B, 0, T - N);
   p.lengths = lens.data();
   if (B > 0 && N > 0) ref::nf4_kcache_append(p);
+}
+
+namespace {
+
+/// The V cache's codes and scale around `v` ([B, T, H, D] values; v_arg is its name), T_codes the
+/// cache's tokens (the codes' second dimension).
+VCachePlan vcache_plan(Checker& c, const TensorView& v, const char* v_arg, const TensorView& codes, const TensorView& scale,
+                       int64_t* T_codes) {
+  c.require(v, Req(v_arg).dtypes(kFloatTypes).rank(4, "[B, T, H_kv, Dv]"));
+  const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], D = v.shape[3];
+  c.require(codes, Req("codes").dtypes(kResidualTypes).rank(4, "[B, T, H_kv, Dv]"));
+  *T_codes = codes.shape[1];
+  c.shape(codes, "codes", {B, *T_codes, H, D});
+  c.require(scale, Req("scale").dtypes({DType::kFloat32}).shape({B, H, D}));
+  VCachePlan p;
+  p.B = B; p.T = N; p.H = H; p.D = D;
+  p.v = v.data;
+  p.v_dtype = v.dtype;
+  p.codes = codes.ptr<uint8_t>();
+  p.e5m2 = codes.dtype == DType::kE5M2;
+  p.scale = scale.ptr<float>();
+  for (int i = 0; i < 4; ++i) {
+    p.v_s[i] = v.strides[i];
+    p.c_s[i] = codes.strides[i];
+  }
+  for (int i = 0; i < 3; ++i) p.s_s[i] = scale.strides[i];
+  return p;
+}
+
+}  // namespace
+
+void fp8_vcache_quantize(const TensorView& v, const TensorView& codes, const TensorView& scale, Stream stream) {
+  Checker c{"fp8_vcache_quantize"};
+  int64_t T = 0;
+  const VCachePlan p = vcache_plan(c, v, "v", codes, scale, &T);
+  if (T != p.T) c.fail("codes", "expected T = " + std::to_string(p.T) + " tokens (v's), got " + codes.describe());
+  c.no_overlap({{"codes", &codes}, {"scale", &scale}}, {{"v", &v}});
+  if (c.dev != Device::kCPU) {
+    run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::fp8_vcache_quantize(p, stream.handle); });
+    return;
+  }
+  ref::fp8_vcache_quantize(p);
+}
+
+void fp8_vcache_append(const TensorView& v_new, const TensorView& codes, const TensorView& scale,
+                       const TensorView& lengths, Stream stream) {
+  Checker c{"fp8_vcache_append"};
+  VCacheAppendPlan p;
+  p.cache = vcache_plan(c, v_new, "v_new", codes, scale, &p.cache_T);
+  const int64_t B = p.cache.B, N = p.cache.T, T = p.cache_T;
+  if (N > T) c.fail("v_new", "N = " + std::to_string(N) + " new tokens exceed the cache's T = " + std::to_string(T));
+  c.require(lengths, Req("lengths").dtypes({DType::kInt32}).shape({B}).contiguous("lengths"));
+  c.no_overlap({{"codes", &codes}, {"scale", &scale}}, {{"v_new", &v_new}, {"lengths", &lengths}});
+  if (c.dev != Device::kCPU) {
+    // the lengths validated on the host as on the CPU path (one copy and a wait: not capturable in
+    // a CUDA graph); the kernels read the device values clamped to 0..T-N
+    std::vector<int32_t> lens(static_cast<size_t>(B));
+    run_on_device<Kernels::kSm90Gemm>(
+        c, [&] { return B > 0 ? cuda::read_int32(lengths.ptr<const int32_t>(), B, lens.data(), stream.handle) : 0; });
+    check_lengths(c, lens, "lengths", B, 0, T - N);
+    p.lengths = lens.data();
+    p.lengths_device = lengths.ptr<const int32_t>();
+    run_on_device<Kernels::kSm90Gemm>(c, [&] { return B > 0 && N > 0 ? cuda::fp8_vcache_append(p, stream.handle) : 0; });
+    return;
+  }
+  const std::vector<int32_t> lens = host_lengths(c, lengths, "lengths", B, 0, T - N);
+  p.lengths = lens.data();
+  if (B > 0 && N > 0) ref::fp8_vcache_append(p);
 }
 
 }  // namespace lowbit

@@ -308,6 +308,41 @@ def test_gpu_append_checks_lengths_on_the_host():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vdt", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("xdt", ["float32", "bfloat16"])
+def test_gpu_fp8_vcache_matches_cpu(vdt, xdt):
+    """fp8_vcache_quantize and fp8_vcache_append on the GPU bit for bit equal to the CPU reference
+    (NaN / Inf values, strided values, a rescaling append with ragged lengths); the bytes past
+    lengths[b] + N must stay as they were; the attention reads the cache."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(21)
+    B, T, HK, D, N = 3, 300, 8, 128, 5
+    v = torch.randn((B, T, 2 * HK, D), generator=g) * torch.exp2(torch.randint(-9, 9, (1, 1, 2 * HK, D), generator=g))
+    v[0, 3, 0, 1], v[2, 7, 4, 9] = math.nan, -math.inf
+    v = v.to(getattr(torch, xdt))[:, :, ::2]  # every other head: a strided view
+    codes, scale = call_or_xfail(lowbit.fp8_vcache_quantize, v.cuda(), vdt)
+    c_ref, s_ref = lowbit.fp8_vcache_quantize(v, vdt)
+    assert torch.equal(codes.cpu().view(torch.uint8), c_ref.view(torch.uint8)) and torch.equal(scale.cpu(), s_ref)
+    lens = torch.tensor([T - N, 17, 0], dtype=torch.int32)
+    new = torch.randn((B, N, HK, D), generator=g) * 4
+    new[:, :, :, ::4] *= 1000  # a quarter of the channels outgrow their scale
+    new = new.to(getattr(torch, xdt))
+    lowbit.fp8_vcache_append(new.cuda(), codes, scale, lens.cuda())
+    torch.cuda.synchronize()
+    s_before = s_ref.clone()
+    lowbit.fp8_vcache_append(new, c_ref, s_ref, lens)
+    assert (s_ref > s_before).any()  # the case does rescale
+    assert torch.equal(codes.cpu().view(torch.uint8), c_ref.view(torch.uint8)) and torch.equal(scale.cpu(), s_ref)
+    q, c, s, r, _ = t_cache(B, T, 32, HK, D, D, seed=22)
+    out = lowbit.attn_forward_decode_nf4(q, c, s, r, codes, v_scale=scale, seq_lens=(lens + N).cuda(), delta=math.inf)
+    ref = lowbit.attn_forward_decode_nf4(*(t.cpu() for t in (q, c, s, r, codes)), v_scale=scale.cpu(),
+                                         seq_lens=lens + N, delta=math.inf)
+    ok = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(out.cpu()), ok)
+    assert ((out.cpu().double() - ref.double()).abs()[ok] <= 2 ** -6 * ref.double().abs()[ok].clamp(min=1)).all()
+
+
+@pytest.mark.gpu
 def test_gpu_torch_ops():
     torch = _torch()
     import lowbit.torch_ops  # noqa: F401  registers torch.ops.lowbit.*
@@ -331,6 +366,16 @@ def test_gpu_torch_ops():
     torch.ops.lowbit.nf4_kcache_append(new, c, s, r, lens)
     assert torch.equal(got[0].cpu(), c) and torch.equal(got[1].cpu(), s)
     assert torch.equal(got[2].cpu().view(torch.uint8), r.view(torch.uint8))
+    # the FP8 V cache through the torch ops, and the attention's v_scale argument
+    vals = torch.randn((2, 50, 2, 64), generator=g)  # the V cache beside the K cache `got` (T = 50)
+    vc, vs = call_or_xfail(torch.ops.lowbit.fp8_vcache_quantize, vals.cuda(), "float8_e5m2")
+    wc, ws = torch.ops.lowbit.fp8_vcache_quantize(vals, "float8_e5m2")
+    assert torch.equal(vc.cpu().view(torch.uint8), wc.view(torch.uint8)) and torch.equal(vs.cpu(), ws)
+    torch.ops.lowbit.fp8_vcache_append(vals[:, :1].cuda() * 100, vc, vs, torch.tensor([3, 49], dtype=torch.int32).cuda())
+    torch.ops.lowbit.fp8_vcache_append(vals[:, :1] * 100, wc, ws, torch.tensor([3, 49], dtype=torch.int32))
+    assert torch.equal(vc.cpu().view(torch.uint8), wc.view(torch.uint8)) and torch.equal(vs.cpu(), ws)
+    out8, _ = torch.ops.lowbit.attn_forward_decode_nf4(q, *got, vc, None, None, 16, 16, math.inf, True, None, vs)
+    assert out8.shape == (2, 8, 64) and torch.isfinite(out8).all()
 
 
 def t_cache_variant(B, T, H, HK, D, seed, residual_dtype, nibble_order):
