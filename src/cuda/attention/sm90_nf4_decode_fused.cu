@@ -23,8 +23,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/plan_decode.hpp"
+#include "cuda/attention/decode_heuristics.hpp"
 #include "cuda/attention/launch_decode.hpp"
 #include "cuda/attention/nf4_decode_generic.hpp"
 #include "cuda/attention/nf4_decode_tile.cuh"
@@ -137,9 +139,9 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
   const int vbuf = Sm::v_bytes(v8);                // bytes of one V buffer
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* codes_s = smem_raw;
-  uint8_t* resid_s = codes_s + Sm::kCodes;
-  uint8_t* v_s = resid_s + Sm::kResid;        // [2] buffers of vbuf bytes
+  const int ks = P.k_stages;                  // K buffers (1 or 2): tile i in buffer i % ks
+  uint8_t* k_s = smem_raw;                    // [ks] buffers of Sm::kKStage bytes: codes | resid
+  uint8_t* v_s = k_s + ks * Sm::kKStage;      // [2] buffers of vbuf bytes
   float* q_s = reinterpret_cast<float*>(v_s + 2 * vbuf);
   float* scale_s = q_s + nq * kD;
   float* vscale_s = scale_s + kD;             // [Dv]: 1 for bf16 V
@@ -162,8 +164,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
   auto tile_start = [&](int tile) { return t_begin + int64_t(tile) * kTile; };
   auto tile_len = [&](int tile) { return int(t_end - tile_start(tile) < kTile ? t_end - tile_start(tile) : kTile); };
 
-  // K codes and residuals of tile `tile` into the K buffer
+  // K codes and residuals of tile `tile` into its K buffer
   auto load_k = [&](int tile) {
+    uint8_t* codes_s = k_s + (tile % ks) * Sm::kKStage;
+    uint8_t* resid_s = codes_s + Sm::kCodes;
     const int64_t t0 = tile_start(tile);
     const int nt = tile_len(tile);
     constexpr int kCg = kD / 32;  // 16-byte granules of a token's codes
@@ -216,8 +220,11 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
     for (int c = 0; c < kCV; ++c) o[h][c] = 0.f;
 
   // Iteration it scores tile it (K landed), decides its blocks, starts K(it + 1) and V(it), then
-  // runs softmax and P @ V of tile it - 1, whose V was started one iteration earlier. cp.async
-  // groups: K0 | per iteration: K(it + 1), V(it) (empty groups keep the count uniform).
+  // runs softmax and P @ V of tile it - 1, whose V was started one iteration earlier. K(it + 1) is
+  // started before tile it is scored with two K buffers, after it with one. cp.async groups:
+  // K0 | per iteration: K(it + 1), V(it) (empty groups keep the count uniform), so the waits are
+  // the same for both: K(it) at the top of iteration it has V(it - 1) after it, V(it - 1) before
+  // P @ V has K(it + 1) and V(it).
   bool have_thr = false;
   for (int it = 0; it <= n_tiles; ++it) {
     const int cur = it & 1, prv = cur ^ 1;
@@ -229,9 +236,14 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
       else
         cp_async_wait<1>();  // K(it); V(it - 1) may be in flight
       __syncthreads();
+      if (ks == 2) {  // the other K buffer held tile it - 1, scored by every thread before the barrier
+        if (it + 1 < n_tiles) load_k(it + 1);
+        cp_async_commit();
+      }
+      const uint8_t* codes_s = k_s + (it % ks) * Sm::kKStage;
       float* Sc = S + cur * nq * kTile;
       for (int h0 = 0; h0 < nq; h0 += kHG)
-        score_tile<kD, kHG, kRes>(P, codes_s, resid_s, q_s, scale_s, lut, Sc, h0, min(kHG, nq - h0), nt);
+        score_tile<kD, kHG, kRes>(P, codes_s, codes_s + Sm::kCodes, q_s, scale_s, lut, Sc, h0, min(kHG, nq - h0), nt);
       if (P.prune && !have_thr) {
         griddep_wait();  // the threshold kernel's results
         if (tid < nq_real) {
@@ -282,8 +294,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
         keep[tid] = k;
       }
       __syncthreads();
-      if (it + 1 < n_tiles) load_k(it + 1);  // the K buffer is free: every thread has scored
-      cp_async_commit();
+      if (ks == 1) {
+        if (it + 1 < n_tiles) load_k(it + 1);  // the K buffer is free: every thread has scored
+        cp_async_commit();
+      }
       load_v(it, cur);
       cp_async_commit();
     } else {
@@ -462,7 +476,7 @@ template <int kD, int kHG, bool kRes>
 cudaError_t launch(Params P, cudaStream_t st, int device) {
   const DecodeNf4Plan& p = P.p;
   auto kern = split_kernel<kD, kHG, kRes>;
-  const size_t smem = Smem<kD, kRes>::bytes(P.qk_heads, p.v_dtype != DType::kBFloat16);
+  const size_t smem = Smem<kD, kRes>::bytes(P.qk_heads, p.v_dtype != DType::kBFloat16, P.k_stages);
   if (smem > size_t(kMaxSmem)) return cudaErrorInvalidValue;  // excluded by the dispatch
   static std::atomic<uint64_t> opted{0};
   if (cudaError_t e = opt_in_smem(kern, kMaxSmem, device, opted)) return e;  // once, the largest any call needs
@@ -516,16 +530,22 @@ void head_split(Params& P, int G, int& kHG) {
 }
 
 /// Whether the split kernel's shared memory fits for this call.
-bool smem_fits(const DecodeNf4Plan& p, int qk_heads) {
-  size_t b = 0;
-  const bool v8 = p.v_dtype != DType::kBFloat16;
+/// The split kernel's shared memory for this call with `k_stages` K buffers.
+size_t smem_bytes(const DecodeNf4Plan& p, int qk_heads, int k_stages) {
+  const bool v8 = p.v_dtype != DType::kBFloat16, r = p.use_residual;
   switch (p.head_dim) {
-    case 64: b = p.use_residual ? Smem<64, true>::bytes(qk_heads, v8) : Smem<64, false>::bytes(qk_heads, v8); break;
-    case 128: b = p.use_residual ? Smem<128, true>::bytes(qk_heads, v8) : Smem<128, false>::bytes(qk_heads, v8); break;
-    case 256: b = p.use_residual ? Smem<256, true>::bytes(qk_heads, v8) : Smem<256, false>::bytes(qk_heads, v8); break;
-    default: return false;
+    case 64: return r ? Smem<64, true>::bytes(qk_heads, v8, k_stages) : Smem<64, false>::bytes(qk_heads, v8, k_stages);
+    case 128: return r ? Smem<128, true>::bytes(qk_heads, v8, k_stages) : Smem<128, false>::bytes(qk_heads, v8, k_stages);
+    case 256: return r ? Smem<256, true>::bytes(qk_heads, v8, k_stages) : Smem<256, false>::bytes(qk_heads, v8, k_stages);
+    default: return ~size_t(0);
   }
-  return b <= size_t(kMaxSmem);
+}
+
+/// K buffers of this call (decode_heuristics.hpp), 0 when the split kernel does not fit at all.
+int k_stages_for(const DecodeNf4Plan& p, int qk_heads) {
+  const char* env = std::getenv("LOWBIT_DECODE_K_STAGES");  // development A/B only
+  const int forced = env && (env[0] == '1' || env[0] == '2') && env[1] == 0 ? env[0] - '0' : 0;
+  return heuristics::decode::pick_k_stages(smem_bytes(p, qk_heads, 1), smem_bytes(p, qk_heads, 2), forced);
 }
 
 template <int kD>
@@ -572,7 +592,8 @@ int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Pt
   P.prune = prune;
   int kHG = 8;
   head_split(P, G, kHG);
-  if (!fused || !smem_fits(plan, P.qk_heads)) return attn_decode_nf4_generic(plan, ptrs, workspace, workspace_bytes, stream);
+  P.k_stages = fused ? k_stages_for(plan, P.qk_heads) : 0;
+  if (P.k_stages == 0) return attn_decode_nf4_generic(plan, ptrs, workspace, workspace_bytes, stream);
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device)) return e;
   const auto st = static_cast<cudaStream_t>(stream);

@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -128,8 +130,11 @@ TEST_P(EmuDecode, MatchesCpuReference) {
   x.skip_ratio = sr_ref.data();
   ref::attn_decode_nf4(p, x);
   double skipped = 0;
+  for (const char* stages : {"1", "2"})  // the K buffers of the split kernel (decode_heuristics.hpp)
   for (const emu::CpAsyncMode mode : {emu::CpAsyncMode::kImmediate, emu::CpAsyncMode::kDeferred}) {
-    SCOPED_TRACE(mode == emu::CpAsyncMode::kImmediate ? "cp.async landing at issue" : "cp.async landing at wait");
+    SCOPED_TRACE(std::string(mode == emu::CpAsyncMode::kImmediate ? "cp.async landing at issue" : "cp.async landing at wait") +
+                 ", K buffers " + stages);
+    setenv("LOWBIT_DECODE_K_STAGES", stages, 1);
     emu::cp_async_mode = mode;
     std::fill(out_emu.begin(), out_emu.end(), uint16_t(0xFFFF));
     std::fill(sr_emu.begin(), sr_emu.end(), -1.f);
@@ -137,6 +142,7 @@ TEST_P(EmuDecode, MatchesCpuReference) {
     x.skip_ratio = sr_emu.data();
     ASSERT_EQ(cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr), 0) << "the call must take the fused path";
     emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
+    unsetenv("LOWBIT_DECODE_K_STAGES");
     double worst = 0;
     for (size_t i = 0; i < out_ref.size(); ++i) {
       const double a = decode_bf16(out_emu[i]), r = decode_bf16(out_ref[i]);
