@@ -67,12 +67,15 @@ __all__ = [
 
 
 def __getattr__(name):
-    # `lowbit.torch_ops` / `lowbit.nn` (and nn's load_quantized) import torch on first use only
-    if name in ("torch_ops", "nn", "load_quantized"):
-        import importlib
+    # `lowbit.torch_ops` / `lowbit.nn` (and nn's load_quantized) / flash_attn_mxfp8_autograd import
+    # torch on first use only
+    import importlib
 
+    if name in ("torch_ops", "nn", "load_quantized"):
         mod = importlib.import_module(".torch_ops" if name == "torch_ops" else ".nn", __name__)
         return mod.load_quantized if name == "load_quantized" else mod
+    if name == "flash_attn_mxfp8_autograd":
+        return importlib.import_module(".attention_autograd", __name__).flash_attn_mxfp8_autograd
     raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
 
 
