@@ -107,3 +107,37 @@ def make_cache(B, T, H, HK, D, DV, seed, residual_dtype="float8_e5m2", sinks=Fal
     q = rng.standard_normal((B, 1, H, D)).astype(BF16)
     v = rng.standard_normal((B, T, HK, DV)).astype(BF16)
     return q, k_nf4, k_scale, k_res, v
+
+
+# The FP8 V cache (lowbit/vcache.hpp), independently: np.frexp for the power-of-two scale,
+# ml_dtypes for the FP8 rounding.
+FP8 = {"float8_e4m3fn": (ml_dtypes.float8_e4m3fn, 448.0), "float8_e5m2": (ml_dtypes.float8_e5m2, 57344.0)}
+
+
+def np_scale(amax, fmax):
+    """The smallest 2^e (e >= -149) with amax <= fmax * 2^e; 0 where amax == 0 (float64 math)."""
+    a = np.asarray(amax, np.float64)
+    _, e = np.frexp(a / fmax)  # a / fmax = m * 2^e, m in [0.5, 1): 2^e >= a / fmax > 2^(e-1)
+    e = np.where(np.ldexp(1.0, e - 1) * fmax >= a, e - 1, e)  # a / fmax an exact power of two
+    s = np.ldexp(1.0, np.maximum(e, -149))
+    return np.where(a > 0, s, 0.0).astype(np.float32)
+
+
+def np_quantize(v, dtype):
+    """(codes, scale) by the rules of lowbit/vcache.hpp, in NumPy."""
+    ft, fmax = FP8[dtype]
+    x = np.asarray(v).astype(np.float32)
+    fin = np.where(np.isfinite(x), np.abs(x), 0)
+    scale = np_scale(fin.max(axis=1), fmax)  # [B, H, D]
+    s = scale[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        val = np.where(s == 0, x * np.float32(0), x / np.where(s == 0, 1, s)).astype(np.float32)
+    return val.astype(ft), scale
+
+
+def same_codes(a, b):
+    """Byte-equal codes, NaN codes compared as NaN (the sign of a NaN code is not specified)."""
+    fa, fb = np.asarray(a).astype(np.float32), np.asarray(b).astype(np.float32)
+    nan = np.isnan(fa)
+    return np.array_equal(nan, np.isnan(fb)) and np.array_equal(np.asarray(a).view(np.uint8)[~nan],
+                                                                np.asarray(b).view(np.uint8)[~nan])
