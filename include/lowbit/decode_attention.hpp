@@ -11,6 +11,15 @@
 //              shared by every token
 //   k_residual [B, T, H_kv, D] float8_e5m2 or float8_e4m3fn
 //   key        k[b, t, h, c] = nf4[code] * k_scale[b, h, c] + residual[b, t, h, c]   (fp32 ops)
+//
+// Paged caches (the block tables of vLLM / FlashAttention-3): with a block_table int32
+// [B, max_pages] (contiguous), k_nf4, k_residual and v (the V codes) are [pages, page_size, H_kv,
+// ...] and token t of sequence b is row t % page_size of page block_table[b, t / page_size];
+// page_size is the tensors' second dimension, a power of two; a sequence holds at most T =
+// max_pages * page_size tokens; the scales stay per sequence ([B, H_kv, D]). The host validates
+// every page id a call reads or writes on CPU tensors and in the appends (which copy their
+// lengths and table from the device); the CUDA attention does not synchronise: an id outside
+// [0, pages) is clamped there (memory stays in bounds; that sequence's result is unspecified).
 #pragma once
 
 #include <cstdint>
@@ -56,13 +65,13 @@ struct DecodeNf4Args {
 /// other strides free, 0 included): v[t, c] = fp8(code) * v_scale[b, h, c] (the FP8 V cache of
 /// lowbit/vcache.hpp; any finite scale >= 0 is taken; v_scale must be absent for bf16 v);
 /// seq_lens int32 [B]
-/// (each in 1..T) or absent; precomputed_threshold float32 [B, H_q] or absent; out
+/// (each in 1..T) or absent (required with block_table: a paged cache, above); precomputed_threshold float32 [B, H_q] or absent; out
 /// [B, H_q, Dv] bfloat16; skip_ratio float32 [B, H_kv] or absent. D, Dv in {64, 128, 256};
 /// H_q % H_kv == 0; T >= 1. Every tensor's last dimension is contiguous, other strides free;
 /// seq_lens and precomputed_threshold contiguous.
 void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const TensorView& k_scale,
                              const TensorView& k_residual, const TensorView& v, const TensorView& v_scale,
-                             const TensorView& seq_lens,
+                             const TensorView& seq_lens, const TensorView& block_table,
                              const TensorView& precomputed_threshold, const TensorView& out,
                              const TensorView& skip_ratio, const DecodeNf4Args& args = {}, Stream stream = {});
 
@@ -107,9 +116,10 @@ void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const Ten
 /// Tokens at or beyond lengths[b] + N are not touched. k_new [B, N, H_kv, D] float32 / float16
 /// / bfloat16; lengths int32 [B] (each in 0..T-N); k_scale float32. CUDA: the lengths are
 /// copied to the host and validated there (one stream-ordered copy and wait per call).
-/// The CUDA result is bit for bit the CPU reference's.
+/// The CUDA result is bit for bit the CPU reference's. block_table (absent: a dense cache): a
+/// paged cache (above), the new tokens' pages included in the table.
 void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const TensorView& k_scale,
-                       const TensorView& k_residual, const TensorView& lengths,
+                       const TensorView& k_residual, const TensorView& lengths, const TensorView& block_table = {},
                        NibbleOrder nibbles = NibbleOrder::kLowFirst, Stream stream = {});
 
 /// The FP8 V cache read by attn_forward_decode_nf4 (FP8 v with v_scale; lowbit/vcache.hpp): from v
@@ -132,8 +142,9 @@ void fp8_vcache_quantize(const TensorView& v, const TensorView& codes, const Ten
 /// appended values. Tokens at or beyond lengths[b] + N are not touched. v_new [B, N, H_kv, Dv]
 /// float32 / float16 / bfloat16; lengths int32 [B] (each in 0..T-N). CUDA: the lengths are copied
 /// to the host and validated there (one stream-ordered copy and wait per call). The CUDA result is
-/// bit for bit the CPU reference's.
+/// bit for bit the CPU reference's. block_table (absent: a dense cache): a paged cache (above),
+/// codes [pages, page_size, H_kv, Dv].
 void fp8_vcache_append(const TensorView& v_new, const TensorView& codes, const TensorView& scale,
-                       const TensorView& lengths, Stream stream = {});
+                       const TensorView& lengths, const TensorView& block_table = {}, Stream stream = {});
 
 }  // namespace lowbit

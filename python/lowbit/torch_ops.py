@@ -24,13 +24,14 @@ Importing this module registers (torch >= 2.4):
     torch.ops.lowbit.quantize_mxfp8_attn(x, layout="bshd", rounding="rceil") -> (codes, scales)
     torch.ops.lowbit.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, seq_lens=None,
         precomputed_threshold=None, block_size=64, sub_block_size=16, delta=8.0,
-        use_fp8_residual=True, softmax_scale=None, v_scale=None) -> (out, skip_ratio)
+        use_fp8_residual=True, softmax_scale=None, v_scale=None, block_table=None) -> (out, skip_ratio)
     torch.ops.lowbit.kproj_rope_nf4_encode(x, w_k, positions, head_dim, rope_theta=10000.0,
         residual_dtype="float8_e5m2") -> (k_nf4, k_scale, k_residual)
-    torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths) -> ()
+    torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths, block_table=None) -> ()
         (mutates k_nf4, k_scale and k_residual)
     torch.ops.lowbit.fp8_vcache_quantize(v, dtype="float8_e4m3fn") -> (codes, scale)
-    torch.ops.lowbit.fp8_vcache_append(v_new, codes, scale, lengths) -> () (mutates codes and scale)
+    torch.ops.lowbit.fp8_vcache_append(v_new, codes, scale, lengths, block_table=None) -> ()
+        (mutates codes and scale)
     torch.ops.lowbit.mxfp4_gemm / nvfp4_gemm (the dense linears) and gpt_oss_moe_mlp (the
         gpt-oss expert MLP): signatures at their definitions below
 
@@ -276,8 +277,10 @@ def attn_forward_decode_nf4(q: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residua
                             seq_lens: Optional[Tensor] = None, precomputed_threshold: Optional[Tensor] = None,
                             block_size: int = 64, sub_block_size: int = 16, delta: float = 8.0,
                             use_fp8_residual: bool = True, softmax_scale: Optional[float] = None,
-                            v_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                            v_scale: Optional[Tensor] = None,
+                            block_table: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     return _dec.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, v_scale=v_scale, seq_lens=seq_lens,
+                                        block_table=block_table,
                                         block_size=block_size, sub_block_size=sub_block_size, delta=delta,
                                         precomputed_threshold=precomputed_threshold,
                                         use_fp8_residual=use_fp8_residual, return_skip_ratio=True,
@@ -286,7 +289,7 @@ def attn_forward_decode_nf4(q: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residua
 
 @attn_forward_decode_nf4.register_fake
 def _(q, k_nf4, k_scale, k_residual, v, seq_lens=None, precomputed_threshold=None, block_size=64, sub_block_size=16,
-      delta=8.0, use_fp8_residual=True, softmax_scale=None, v_scale=None):
+      delta=8.0, use_fp8_residual=True, softmax_scale=None, v_scale=None, block_table=None):
     b, _, h, _ = q.shape
     return (q.new_empty((b, h, v.shape[3]), dtype=torch.bfloat16),
             q.new_empty((b, k_nf4.shape[2]), dtype=torch.float32))
@@ -309,12 +312,13 @@ def _(x, w_k, positions, head_dim, rope_theta=10000.0, residual_dtype="float8_e5
 
 
 @torch.library.custom_op("lowbit::nf4_kcache_append", mutates_args=("k_nf4", "k_scale", "k_residual"))
-def nf4_kcache_append(k_new: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residual: Tensor, lengths: Tensor) -> None:
-    _dec.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths)
+def nf4_kcache_append(k_new: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residual: Tensor, lengths: Tensor,
+                      block_table: Optional[Tensor] = None) -> None:
+    _dec.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths, block_table=block_table)
 
 
 @nf4_kcache_append.register_fake
-def _(k_new, k_nf4, k_scale, k_residual, lengths):
+def _(k_new, k_nf4, k_scale, k_residual, lengths, block_table=None):
     return None
 
 
@@ -330,12 +334,13 @@ def _(v, dtype="float8_e4m3fn"):
 
 
 @torch.library.custom_op("lowbit::fp8_vcache_append", mutates_args=("codes", "scale"))
-def fp8_vcache_append(v_new: Tensor, codes: Tensor, scale: Tensor, lengths: Tensor) -> None:
-    _dec.fp8_vcache_append(v_new, codes, scale, lengths)
+def fp8_vcache_append(v_new: Tensor, codes: Tensor, scale: Tensor, lengths: Tensor,
+                      block_table: Optional[Tensor] = None) -> None:
+    _dec.fp8_vcache_append(v_new, codes, scale, lengths, block_table=block_table)
 
 
 @fp8_vcache_append.register_fake
-def _(v_new, codes, scale, lengths):
+def _(v_new, codes, scale, lengths, block_table=None):
     return None
 
 

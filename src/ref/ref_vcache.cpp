@@ -54,13 +54,14 @@ void fp8_vcache_append(const VCacheAppendPlan& a) {
       if (vcache_outgrows(amax, s_old, fmax)) {  // rescale: re-encode the cached tokens' values
         s = vcache_scale(amax, fmax);
         for (int64_t t = 0; t < len; ++t) {
-          uint8_t& code = p.codes[at(p.c_s, b, t, h, d)];
+          uint8_t& code = p.codes[a.pages.offset(p.c_s, b, t) + h * p.c_s[2] + d * p.c_s[3]];
           code = vcache_code(vcache_decode(code, s_old, p.e5m2), s, p.e5m2);
         }
         *sp = s;
       }
       for (int64_t i = 0; i < p.T; ++i)
-        p.codes[at(p.c_s, b, len + i, h, d)] = vcache_code(load_float(p.v, p.v_dtype, at(p.v_s, b, i, h, d)), s, p.e5m2);
+        p.codes[a.pages.offset(p.c_s, b, len + i) + h * p.c_s[2] + d * p.c_s[3]] =
+            vcache_code(load_float(p.v, p.v_dtype, at(p.v_s, b, i, h, d)), s, p.e5m2);
     }
   });
 }

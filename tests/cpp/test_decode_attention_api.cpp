@@ -48,7 +48,8 @@ struct Bufs {
     return [=]() mutable {
       auto pick = [&](const char* n, TV d) { return which == n ? t : d; };
       attn_forward_decode_nf4(pick("q", qv()), pick("k_nf4", cv()), pick("k_scale", sv()), pick("k_residual", rv()),
-                              pick("v", vv()), pick("v_scale", TV()), pick("seq_lens", lv()), pick("precomputed_threshold", tv()),
+                              pick("v", vv()), pick("v_scale", TV()), pick("seq_lens", lv()), pick("block_table", TV()),
+                              pick("precomputed_threshold", tv()),
                               pick("out", ov()), pick("skip_ratio", kv()), a);
     };
   }
@@ -159,7 +160,7 @@ TEST(DecodeAttentionApi, Fp8ValuesAndTheirScales) {
   const TV v8v(v8.data(), DType::kE4M3, {B, T, HK, D}), vsv(vs.data(), DType::kFloat32, {B, HK, D});
   auto call = [&](TV v, TV s) {
     return std::function<void()>([&b, v, s] {
-      attn_forward_decode_nf4(b.qv(), b.cv(), b.sv(), b.rv(), v, s, b.lv(), b.tv(), b.ov(), b.kv());
+      attn_forward_decode_nf4(b.qv(), b.cv(), b.sv(), b.rv(), v, s, b.lv(), TV(), b.tv(), b.ov(), b.kv());
     });
   };
   expect_arg_error(call(b.vv(), vsv), kOp, "v_scale", "only taken with FP8 v", u);
@@ -185,7 +186,7 @@ TEST(DecodeAttentionApi, CudaTensorsAreRefusedByName) {
 #if !(LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS)  // (a CUDA + CUTLASS build runs the kernels)
   try {
     attn_forward_decode_nf4(cuda(b.qv()), cuda(b.cv()), cuda(b.sv()), cuda(b.rv()), cuda(b.vv()), TV(), TV(), TV(),
-                            cuda(b.ov()), TV());
+                            TV(), cuda(b.ov()), TV());
     ADD_FAILURE() << "no error";
   } catch (const NotSupportedError& e) {
     // a CPU-only build refuses the CUDA path of the decode attention by its kernel family

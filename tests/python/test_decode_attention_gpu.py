@@ -443,3 +443,69 @@ def test_gpu_precomputed_threshold_and_unaligned_rows():
     got2 = lowbit.attn_forward_decode_nf4(q.cuda(), cu, s.cuda(), r.cuda(), v.cuda(), delta=math.inf)
     ref2 = lowbit.attn_forward_decode_nf4(q, c, s, r, v, delta=math.inf)
     assert (got2.cpu().double() - ref2.double()).abs().max().item() <= 2 ** -6
+
+
+def t_paginate(x, page, table, pages):
+    """[B, T, ...] -> [pages, page, ...] (torch): token t of sequence b to row t % page of page
+    table[b, t // page]; unused rows hold 0xEE bytes."""
+    torch = _torch()
+    out = torch.full((pages, page) + tuple(x.shape[2:]), 0xEE, dtype=torch.uint8, device=x.device)
+    out = out.view(x.dtype) if x.element_size() == 1 else torch.full_like(out, 0, dtype=x.dtype)
+    B, T = x.shape[:2]
+    for b in range(B):
+        for j in range(-(-T // page)):
+            n = min(page, T - j * page)
+            out[int(table[b, j]), :n] = x[b, j * page:j * page + n]
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [16, 256])
+@pytest.mark.parametrize("v8", [False, True])
+@pytest.mark.parametrize("dims", [(128, 128), (64, 128)], ids=["fused", "generic"])
+def test_gpu_paged_attention_is_the_dense_one(page, v8, dims):
+    """A paged cache (block table of distinct pages in random order) gives the dense call's bits on
+    the GPU (the fused path, and the generic one for D != Dv), pruned and not."""
+    torch = _torch()
+    D, DV = dims
+    B, T, H, HK = 3, 1000, 32, 8
+    q, c, s, r, v = t_cache(B, T, H, HK, D, DV, seed=page + v8, sinks=True)
+    vs = None
+    if v8:
+        v, vs, _ = t_v8(B, T, HK, DV, seed=page, dtype="float8_e4m3fn")
+    per = -(-T // page)
+    pages = B * per + 5
+    table = torch.randperm(pages, generator=torch.Generator().manual_seed(page))[: B * per].reshape(B, per)
+    table = table.to(torch.int32).cuda()
+    lens = torch.tensor([T, 1, 613], dtype=torch.int32, device="cuda")
+    pc, pr, pv = (t_paginate(x, page, table.cpu(), pages) for x in (c, r, v))
+    for delta in (math.inf, 2.0):
+        kw = dict(seq_lens=lens, block_size=32, delta=delta, return_skip_ratio=True, v_scale=vs)
+        dense, dr = call_or_xfail(lowbit.attn_forward_decode_nf4, q, c, s, r, v, **kw)
+        paged, pratio = lowbit.attn_forward_decode_nf4(q, pc, s, pr, pv, block_table=table, **kw)
+        assert torch.equal(paged.view(torch.int16), dense.view(torch.int16)) and torch.equal(pratio, dr)
+
+
+@pytest.mark.gpu
+def test_gpu_paged_appends_match_cpu():
+    """nf4_kcache_append and fp8_vcache_append into pages on the GPU: the CPU reference's bytes."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(31)
+    B, T, H, D, N, P = 3, 200, 8, 128, 4, 16
+    k = torch.randn((B, T, H, D), generator=g)
+    c, s, r = lowbit.nf4_kcache_quantize(k)
+    vc, vsc = lowbit.fp8_vcache_quantize(torch.randn((B, T, H, D), generator=g))
+    per = -(-T // P)
+    pages = B * per + 2
+    table = torch.randperm(pages, generator=g)[: B * per].reshape(B, per).to(torch.int32)
+    pc, pr, pvc = (t_paginate(x, P, table, pages) for x in (c, r, vc))
+    lens = torch.tensor([T - N, 0, 77], dtype=torch.int32)
+    new = torch.randn((B, N, H, D), generator=g) * 3
+    gc, gr, gs, gvc, gvs = pc.cuda(), pr.cuda(), s.cuda(), pvc.cuda(), vsc.cuda()
+    call_or_xfail(lowbit.nf4_kcache_append, new.cuda(), gc, gs, gr, lens.cuda(), block_table=table.cuda())
+    lowbit.fp8_vcache_append(new.cuda(), gvc, gvs, lens.cuda(), block_table=table.cuda())
+    lowbit.nf4_kcache_append(new, pc, s, pr, lens, block_table=table)
+    lowbit.fp8_vcache_append(new, pvc, vsc, lens, block_table=table)
+    assert torch.equal(gs.cpu(), s) and torch.equal(gvs.cpu(), vsc) and torch.equal(gc.cpu(), pc)
+    assert torch.equal(gr.cpu().view(torch.uint8), pr.view(torch.uint8))
+    assert torch.equal(gvc.cpu().view(torch.uint8), pvc.view(torch.uint8))

@@ -100,6 +100,7 @@ struct AppendParams {
   float* old_scale;        ///< scratch [B, H, D]: the scales before the call
   int* flag;               ///< scratch [B, H]: 1 when a channel of the head is rescaled
   int64_t chunk, n_chunks; ///< tokens per work item, items per (b, h)
+  CachePages pages;        ///< a paged cache: where token t of sequence b lives
 };
 
 __device__ __forceinline__ int64_t clamped_len(const AppendParams& a, int64_t b) {
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) vc_append_tokens(const AppendParams 
       const int64_t t = t0 + e / p.D, d = e % p.D;
       if (t < len && !flagged) continue;
       const float s = *scale_at(p, b, h, d);
-      uint8_t* cp = p.codes + at(p.c_s, b, t, h, d);
+      uint8_t* cp = p.codes + a.pages.offset(p.c_s, b, t) + h * p.c_s[2] + d * p.c_s[3];
       if (t >= len) {  // new token t - len, encoded with the final scale
         *cp = code_of(load_float(p.v, p.v_dtype, at(p.v_s, b, t - len, h, d)), s, p.e5m2);
         continue;
@@ -187,6 +188,7 @@ int fp8_vcache_append(const detail::VCacheAppendPlan& plan, void* stream) {
   a.c = c;
   a.lengths = plan.lengths_device;
   a.max_len = plan.cache_T - c.T;
+  a.pages = plan.pages;
   int64_t longest = 0;  // the grid covers the longest validated sequence (the device clamps)
   for (int64_t b = 0; b < c.B; ++b) longest = plan.lengths[b] > longest ? plan.lengths[b] : longest;
   a.chunk = c.D >= 4096 ? 1 : 4096 / c.D;

@@ -61,9 +61,9 @@ __global__ void __launch_bounds__(kThreads) threshold_kernel(const Params P) {
     __syncwarp();
     if (t < t1) {
       float k[kPer];
-      const uint8_t* codes = P.x.k_nf4 + b * p.kc_stride[0] + t * p.kc_stride[1] + g * p.kc_stride[2];
+      const uint8_t* codes = P.x.k_nf4 + p.pages.offset(p.kc_stride, b, t) + g * p.kc_stride[2];
       const int64_t s0 = b * p.ks_stride[0] + g * p.ks_stride[1];
-      const int64_t r0 = b * p.kr_stride[0] + t * p.kr_stride[1] + g * p.kr_stride[2];
+      const int64_t r0 = p.pages.offset(p.kr_stride, b, t) + g * p.kr_stride[2];
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int c = lane * kPer + i;
@@ -157,10 +157,11 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
   int* misc = keep_s + 2 * kTile;             // [0]: skipped blocks
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const uint8_t* kc_base = P.x.k_nf4 + b * p.kc_stride[0] + g * p.kc_stride[2];
-  const uint8_t* kr_base = P.x.k_residual + b * p.kr_stride[0] + g * p.kr_stride[2];
+  // token t's rows (a paged cache: through the block table)
+  const uint8_t* kc_base = P.x.k_nf4 + g * p.kc_stride[2];
+  const uint8_t* kr_base = P.x.k_residual + g * p.kr_stride[2];
   const int v_es = v8 ? 1 : 2;  // bytes per V element
-  const uint8_t* v_base = static_cast<const uint8_t*>(P.x.v) + (b * p.v_stride[0] + g * p.v_stride[2]) * v_es;
+  const uint8_t* v_base = static_cast<const uint8_t*>(P.x.v) + g * p.v_stride[2] * v_es;
   auto tile_start = [&](int tile) { return t_begin + int64_t(tile) * kTile; };
   auto tile_len = [&](int tile) { return int(t_end - tile_start(tile) < kTile ? t_end - tile_start(tile) : kTile); };
 
@@ -173,13 +174,13 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
     constexpr int kCg = kD / 32;  // 16-byte granules of a token's codes
     for (int e = tid; e < nt * kCg; e += kThreads) {
       const int t = e / kCg, c = e % kCg;
-      cp_async16(codes_s + t * code_pitch<kD>() + 16 * c, kc_base + (t0 + t) * p.kc_stride[1] + 16 * c);
+      cp_async16(codes_s + t * code_pitch<kD>() + 16 * c, kc_base + p.pages.offset(p.kc_stride, b, t0 + t) + 16 * c);
     }
     if constexpr (kRes) {
       constexpr int kRg = kD / 16;
       for (int e = tid; e < nt * kRg; e += kThreads) {
         const int t = e / kRg, c = e % kRg;
-        cp_async16(resid_s + t * res_pitch<kD>() + 16 * c, kr_base + (t0 + t) * p.kr_stride[1] + 16 * c);
+        cp_async16(resid_s + t * res_pitch<kD>() + 16 * c, kr_base + p.pages.offset(p.kr_stride, b, t0 + t) + 16 * c);
       }
     }
   };
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
     for (int e = tid; e < nt * vg; e += kThreads) {
       const int t = e / vg, c = e % vg;
       if (P.prune && !keep[t >> bs_shift]) continue;
-      cp_async16(v_s + buf * vbuf + t * kDv * v_es + 16 * c, v_base + (t0 + t) * p.v_stride[1] * v_es + 16 * c);
+      cp_async16(v_s + buf * vbuf + t * kDv * v_es + 16 * c, v_base + p.pages.offset(p.v_stride, b, t0 + t) * v_es + 16 * c);
     }
   };
 

@@ -366,6 +366,7 @@ struct AppendParams {
   float* old_scale;           ///< scratch [B, H, D]: the scales before the call
   int* flag;                  ///< scratch [B, H]: 1 when a channel of the head is rescaled
   int64_t chunk, n_chunks;    ///< tokens per work item, items per (b, h)
+  detail::CachePages pages;   ///< a paged cache: where token t of sequence b lives
 };
 
 __device__ __forceinline__ int64_t clamped_len(const AppendParams& a, int64_t b) {
@@ -426,8 +427,8 @@ __global__ void __launch_bounds__(kThreads) append_tokens(const AppendParams a) 
       if (t < len && !flagged) continue;
       const float* sp = p.scale + b * p.s_s[0] + h * p.s_s[1] + d * p.s_s[2];
       const float s_fin[2] = {sp[0], sp[p.s_s[2]]};
-      uint8_t* cp = p.codes + b * p.c_s[0] + t * p.c_s[1] + h * p.c_s[2] + dp * p.c_s[3];
-      uint8_t* rp = p.residual + b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3];
+      uint8_t* cp = p.codes + a.pages.offset(p.c_s, b, t) + h * p.c_s[2] + dp * p.c_s[3];
+      uint8_t* rp = p.residual + a.pages.offset(p.r_s, b, t) + h * p.r_s[2] + d * p.r_s[3];
       if (t >= len) {  // new token t - len, encoded with the final scale
         const int64_t ko = b * p.k_s[0] + (t - len) * p.k_s[1] + h * p.k_s[2] + d * p.k_s[3];
         const uint32_t c0 = put(load_float(p.k, p.k_dtype, ko), s_fin[0], rp, p.r_dtype, thr, cb);
@@ -513,6 +514,7 @@ int nf4_kcache_append(const detail::KCacheAppendPlan& plan, void* stream) {
   a.c = c;
   a.lengths = plan.lengths_device;
   a.max_len = plan.cache_T - c.T;
+  a.pages = plan.pages;
   int64_t longest = 0;  // the grid covers the longest validated sequence (the device clamps)
   for (int64_t b = 0; b < c.B; ++b) longest = plan.lengths[b] > longest ? plan.lengths[b] : longest;
   const int64_t D2 = c.D / 2;

@@ -5,6 +5,7 @@
 // machines without a GPU; tests/python/test_decode_attention_gpu.py remains the test on the device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -84,10 +85,17 @@ TEST_P(EmuVcache, QuantizeAndAppendMatchCpuReferenceBitForBit) {
   for (size_t i = 0; i < ns; ++i) ASSERT_EQ(float_bits(s_emu[i]), float_bits(s_ref[i])) << "quantize scale " << i;
 
   // append in three steps into a cache of T + 8 tokens: the first into an empty cache, the last
-  // outgrowing some channels (x 1000); ragged lengths
-  const int64_t T = s.t + 8;
-  std::vector<uint8_t> a_ref(size_t(s.b * T * s.h * s.d), 0x11), a_emu = a_ref;
-  std::vector<float> as_ref(ns, 0.f), as_emu(ns, 0.f);
+  // outgrowing some channels (x 1000); ragged lengths. The emulated kernels write a dense cache and
+  // a paged copy (pages of 4 tokens in random order), both compared with the reference.
+  const int64_t T = s.t + 8, P = 4, per = (T + P - 1) / P, pages = s.b * per + 1, tok = s.h * s.d;
+  std::vector<uint8_t> a_ref(size_t(s.b * T * tok), 0x11), a_emu = a_ref, a_pag(size_t(pages * P * tok), 0x11);
+  std::vector<float> as_ref(ns, 0.f), as_emu(ns, 0.f), as_pag(ns, 0.f);
+  std::vector<int32_t> perm(static_cast<size_t>(pages)), table(static_cast<size_t>(s.b * per));
+  for (int64_t i = 0; i < pages; ++i) perm[size_t(i)] = int32_t(i);
+  std::mt19937 shuf{uint32_t(T)};
+  std::shuffle(perm.begin(), perm.end(), shuf);
+  std::copy(perm.begin(), perm.begin() + s.b * per, table.begin());
+  auto row = [&](int64_t b, int64_t t) { return int64_t(table[size_t(b * per + t / P)]) * P + t % P; };
   std::vector<int32_t> lens(size_t(s.b));
   const int64_t steps[3] = {s.t / 2, s.t - s.t / 2, 8};
   int64_t done = 0;
@@ -116,6 +124,19 @@ TEST_P(EmuVcache, QuantizeAndAppendMatchCpuReferenceBitForBit) {
     ASSERT_EQ(cuda_emu::fp8_vcache_append(a, nullptr), 0);
     ASSERT_EQ(a_emu, a_ref) << "append step " << k;
     for (size_t i = 0; i < ns; ++i) ASSERT_EQ(float_bits(as_emu[i]), float_bits(as_ref[i])) << "append scale " << i;
+    set_cache(a.cache, P, a_pag, as_pag);  // codes [pages, P, H, D]
+    a.cache_T = per * P;
+    a.pages.table = table.data();
+    a.pages.table_stride = per;
+    a.pages.pages = pages;
+    a.pages.shift = 2;
+    ASSERT_EQ(cuda_emu::fp8_vcache_append(a, nullptr), 0);
+    for (size_t i = 0; i < ns; ++i) ASSERT_EQ(float_bits(as_pag[i]), float_bits(as_ref[i])) << "paged scale " << i;
+    for (int64_t b = 0; b < s.b; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        ASSERT_TRUE(std::equal(a_pag.begin() + row(b, t) * tok, a_pag.begin() + (row(b, t) + 1) * tok,
+                               a_ref.begin() + (b * T + t) * tok))
+            << "paged append step " << k << ", token (" << b << ", " << t << ")";
     done += a.cache.T;
   }
 }

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <limits>
@@ -158,6 +159,124 @@ TEST_P(EmuDecode, MatchesCpuReference) {
     }
   }
   if (std::isfinite(s.delta) && T >= 8 * s.block) EXPECT_GT(skipped, 0.0) << "the case should prune";
+}
+
+// A paged cache (block table of distinct pages in random order, page sizes below and above the
+// 128-token tile): the CPU reference over the pages equals the dense reference bit for bit, and
+// the emulated fused kernels over the pages match it as the dense cases do (one K buffer with
+// copies landing at issue, two with copies landing at the wait).
+TEST(EmuDecodePaged, MatchesDenseReferenceAndKernels) {
+  for (const int64_t page : {int64_t(16), int64_t(256)})
+    for (const bool v8 : {false, true}) {
+      SCOPED_TRACE("page " + std::to_string(page) + (v8 ? ", FP8 V" : ", bf16 V"));
+      const int64_t B = 2, T = 600, H = 8, HK = 2, D = 128, per = (T + page - 1) / page, pages = B * per + 2;
+      std::mt19937 rng(uint32_t(page + v8));
+      std::normal_distribution<float> n(0.0f, 1.0f);
+      std::uniform_int_distribution<int> byte(0, 255);
+      std::vector<uint16_t> q(size_t(B * H * D)), v(size_t(B * T * HK * D));
+      std::vector<uint8_t> codes(size_t(B * T * HK * D / 2)), res(size_t(B * T * HK * D)), v8c(size_t(B * T * HK * D));
+      std::vector<float> scale(size_t(B * HK * D)), vscale(size_t(B * HK * D));
+      for (auto& x : q) x = encode_bf16(n(rng));
+      for (auto& x : v) x = encode_bf16(n(rng));
+      for (auto& x : v8c) x = encode_e4m3(n(rng));
+      for (auto& x : codes) x = uint8_t(byte(rng));
+      for (auto& x : res) x = encode_e5m2(0.02f * n(rng));
+      for (auto& x : scale) x = 0.05f + std::fabs(n(rng)) * 0.2f;
+      for (auto& x : vscale) x = 0.5f + std::fabs(n(rng));
+      std::vector<int32_t> lens = {int32_t(T), int32_t(T - 211)}, table(size_t(B * per));
+      std::vector<int32_t> perm(static_cast<size_t>(pages));
+      for (int64_t i = 0; i < pages; ++i) perm[size_t(i)] = int32_t(i);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (size_t i = 0; i < table.size(); ++i) table[i] = perm[i];
+      // the pages: token t of sequence b at row t % page of page table[b, t / page]
+      const int64_t vb = v8 ? 1 : 2;
+      std::vector<uint8_t> pc(size_t(pages * page * HK * D / 2), 0xEE), pr(size_t(pages * page * HK * D), 0xEE),
+          pv(size_t(pages * page * HK * D * vb), 0xEE);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t row = int64_t(table[size_t(b * per + t / page)]) * page + t % page, tok = b * T + t;
+          std::memcpy(&pc[size_t(row * HK * D / 2)], &codes[size_t(tok * HK * D / 2)], size_t(HK * D / 2));
+          std::memcpy(&pr[size_t(row * HK * D)], &res[size_t(tok * HK * D)], size_t(HK * D));
+          if (v8)
+            std::memcpy(&pv[size_t(row * HK * D)], &v8c[size_t(tok * HK * D)], size_t(HK * D));
+          else
+            std::memcpy(&pv[size_t(row * HK * D * 2)], &v[size_t(tok * HK * D)], size_t(HK * D * 2));
+        }
+      detail::DecodeNf4Plan p;
+      p.batch = B; p.seqlen = T; p.heads = H; p.heads_kv = HK; p.head_dim = D; p.head_dim_v = D;
+      p.block_size = 32; p.sub_block_size = 16; p.delta = 1.0f;
+      p.softmax_scale = 1.0f / std::sqrt(float(D));
+      p.use_residual = true;
+      p.residual_dtype = DType::kE5M2;
+      p.v_dtype = v8 ? DType::kE4M3 : DType::kBFloat16;
+      p.has_seq_lens = true;
+      p.has_skip_ratio = true;
+      const int64_t q_st[3] = {H * D, H * D, D}, ks_st[2] = {HK * D, D}, o_st[2] = {H * D, D}, sr_st[2] = {HK, 1};
+      for (int i = 0; i < 2; ++i) {
+        p.ks_stride[i] = ks_st[i];
+        p.vs_stride[i] = ks_st[i];
+        p.o_stride[i] = o_st[i];
+        p.sr_stride[i] = sr_st[i];
+      }
+      for (int i = 0; i < 3; ++i) p.q_stride[i] = q_st[i];
+      auto set_dense = [&] {
+        const int64_t c3[3] = {T * HK * D / 2, HK * D / 2, D / 2}, r3[3] = {T * HK * D, HK * D, D};
+        for (int i = 0; i < 3; ++i) { p.kc_stride[i] = c3[i]; p.kr_stride[i] = r3[i]; p.v_stride[i] = r3[i]; }
+        p.pages = {};
+      };
+      auto set_paged = [&] {
+        const int64_t c3[3] = {page * HK * D / 2, HK * D / 2, D / 2}, r3[3] = {page * HK * D, HK * D, D};
+        for (int i = 0; i < 3; ++i) { p.kc_stride[i] = c3[i]; p.kr_stride[i] = r3[i]; p.v_stride[i] = r3[i]; }
+        p.seqlen = per * page;
+        p.pages.table = table.data();
+        p.pages.table_stride = per;
+        p.pages.pages = pages;
+        p.pages.shift = 0;
+        while ((int64_t(1) << p.pages.shift) < page) ++p.pages.shift;
+      };
+      std::vector<uint16_t> o_dense(size_t(B * H * D), 0xFFFF), o_paged = o_dense, o_emu = o_dense;
+      std::vector<float> sr_dense(size_t(B * HK), -1.f), sr_paged = sr_dense, sr_emu = sr_dense;
+      detail::DecodeNf4Ptrs x;
+      x.q = q.data();
+      x.k_scale = scale.data();
+      x.seq_lens = lens.data();
+      x.v_scale = v8 ? vscale.data() : nullptr;
+      set_dense();
+      x.k_nf4 = codes.data();
+      x.k_residual = res.data();
+      x.v = v8 ? static_cast<const void*>(v8c.data()) : static_cast<const void*>(v.data());
+      x.out = o_dense.data();
+      x.skip_ratio = sr_dense.data();
+      ref::attn_decode_nf4(p, x);
+      set_paged();
+      x.k_nf4 = pc.data();
+      x.k_residual = pr.data();
+      x.v = pv.data();
+      x.out = o_paged.data();
+      x.skip_ratio = sr_paged.data();
+      ref::attn_decode_nf4(p, x);
+      ASSERT_EQ(o_paged, o_dense) << "the reference over the pages";
+      ASSERT_EQ(sr_paged, sr_dense);
+      // one K buffer with copies landing at issue, two with copies landing at the wait
+      for (const auto& [stages, mode] :
+           {std::pair{"1", emu::CpAsyncMode::kImmediate}, std::pair{"2", emu::CpAsyncMode::kDeferred}}) {
+        SCOPED_TRACE(std::string("K buffers ") + stages);
+        setenv("LOWBIT_DECODE_K_STAGES", stages, 1);
+        emu::cp_async_mode = mode;
+        std::fill(o_emu.begin(), o_emu.end(), uint16_t(0xFFFF));
+        x.out = o_emu.data();
+        x.skip_ratio = sr_emu.data();
+        ASSERT_EQ(cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr), 0);
+        emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
+        unsetenv("LOWBIT_DECODE_K_STAGES");
+        double worst = 0;
+        for (size_t i = 0; i < o_emu.size(); ++i)
+          worst = std::max(worst, std::fabs(double(decode_bf16(o_emu[i])) - double(decode_bf16(o_dense[i]))));
+        EXPECT_LE(worst, 1.0 / 64) << "max |out - ref|";
+        for (size_t i = 0; i < sr_emu.size(); ++i)  // at most two blocks apart (scores near the threshold)
+          EXPECT_LE(std::fabs(sr_emu[i] - sr_dense[i]) * double((lens[i / size_t(HK)] + 31) / 32), 2.0);
+      }
+    }
 }
 
 // fused-path calls: D == Dv, contiguous rows, pruning blocks dividing the tile

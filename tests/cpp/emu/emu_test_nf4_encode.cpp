@@ -7,6 +7,7 @@
 // tests/python/test_decode_attention_gpu.py) remain the test of the kernels on the device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -179,9 +180,11 @@ TEST_P(EmuKcacheAppend, MatchesCpuReferenceBitForBit) {
   void* kp = s.k_dtype == DType::kFloat32 ? static_cast<void*>(kn.data()) : static_cast<void*>(knb.data());
   std::vector<uint8_t> c2 = codes, r2 = res;
   std::vector<float> s2 = scale;
+  const std::vector<uint8_t> c_before = codes, r_before = res;  // for the paged run below
+  const std::vector<float> s_before = scale;
   nf4_kcache_append(TensorView(kp, s.k_dtype, {B, N, H, D}), tv(codes, DType::kUInt8, {B, T, H, D / 2}),
                     tv(scale, DType::kFloat32, {B, H, D}), tv(res, s.r_dtype, {B, T, H, D}),
-                    tv(lens, DType::kInt32, {B}), s.order);
+                    tv(lens, DType::kInt32, {B}), TensorView(), s.order);
   detail::KCacheAppendPlan p;  // as src/api/decode_attention.cpp fills it for contiguous tensors
   detail::KCachePlan& kc = p.cache;
   kc.B = B;
@@ -212,6 +215,45 @@ TEST_P(EmuKcacheAppend, MatchesCpuReferenceBitForBit) {
   EXPECT_EQ(count_diff(s2, scale), 0u);
   EXPECT_EQ(count_diff(c2, codes), 0u);
   EXPECT_EQ(count_diff(r2, res), 0u);
+
+  // the same append into a paged copy of the cache (pages of 8 tokens in random order): the bytes
+  // of every token a sequence holds afterwards, gathered back, are the dense call's
+  const int64_t P = 8, per = (T + P - 1) / P, pages = B * per + 1;
+  std::vector<int32_t> perm(static_cast<size_t>(pages)), table(static_cast<size_t>(B * per));
+  for (int64_t i = 0; i < pages; ++i) perm[size_t(i)] = int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::copy(perm.begin(), perm.begin() + B * per, table.begin());
+  const int64_t crow = H * D / 2, rrow = H * D;  // bytes of one token's codes / residuals
+  std::vector<uint8_t> pc(size_t(pages * P * crow), 0xEE), pr(size_t(pages * P * rrow), 0xEE);
+  auto row = [&](int64_t b, int64_t t) { return int64_t(table[size_t(b * per + t / P)]) * P + t % P; };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(c_before.begin() + (b * T + t) * crow, crow, pc.begin() + row(b, t) * crow);
+      std::copy_n(r_before.begin() + (b * T + t) * rrow, rrow, pr.begin() + row(b, t) * rrow);
+    }
+  std::vector<float> ps = s_before;
+  const int64_t pcs[4] = {P * crow, crow, D / 2, 1}, prs[4] = {P * rrow, rrow, D, 1};
+  for (int i = 0; i < 4; ++i) {
+    kc.c_s[i] = pcs[i];
+    kc.r_s[i] = prs[i];
+  }
+  kc.codes = pc.data();
+  kc.residual = pr.data();
+  kc.scale = ps.data();
+  p.cache_T = per * P;
+  p.pages.table = table.data();
+  p.pages.table_stride = per;
+  p.pages.pages = pages;
+  p.pages.shift = 3;
+  ASSERT_EQ(cuda_emu::nf4_kcache_append(p, nullptr), 0);
+  EXPECT_EQ(count_diff(ps, scale), 0u);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < lens[size_t(b)] + N; ++t) {
+      ASSERT_TRUE(std::equal(pc.begin() + row(b, t) * crow, pc.begin() + (row(b, t) + 1) * crow,
+                             codes.begin() + (b * T + t) * crow)) << "codes of (" << b << ", " << t << ")";
+      ASSERT_TRUE(std::equal(pr.begin() + row(b, t) * rrow, pr.begin() + (row(b, t) + 1) * rrow,
+                             res.begin() + (b * T + t) * rrow)) << "residuals of (" << b << ", " << t << ")";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(
