@@ -95,10 +95,13 @@ struct KprojRopeArgs {
 /// layout) of the same dtypes; positions int32 / int64 [B, T]; outputs k_nf4 [B, T, H_kv, D/2]
 /// uint8, k_scale [B, H_kv, D] float32, k_residual [B, T, H_kv, D] float8_e5m2 / e4m3fn, and
 /// optionally k_out [B, T, H_kv, D] float32 (the rotated keys before the encode). D even;
-/// H_kv is w_k.shape[0] / D, so D is given: head_dim. CUDA: the projection sums in fp64 in the
-/// reference's order (bit-identical), the frequencies are the host's std::pow (D <= 512); the
-/// fp64 cos / sin of the device math library may move a rotated key by one fp32 ulp from the
-/// host's (very rarely); the cache is exactly nf4_kcache_quantize of the device's keys.
+/// H_kv is w_k.shape[0] / D, so D is given: head_dim. CUDA: with x and w_k both bf16 or both
+/// fp16 (hidden contiguous, a multiple of 8, rows 16-byte aligned) the projection runs on tensor
+/// cores with fp32 sums, within hidden x 2^-24 x sum |x_i w_i| of the reference's; otherwise it
+/// sums in fp64 in the reference's order (bit-identical). The frequencies are the host's
+/// std::pow (D <= 512); the fp64 cos / sin of the device math library may move a rotated key by
+/// one fp32 ulp from the host's (very rarely); the cache is exactly nf4_kcache_quantize of the
+/// device's keys.
 void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const TensorView& positions,
                            int64_t head_dim, const TensorView& k_nf4, const TensorView& k_scale,
                            const TensorView& k_residual, const TensorView& k_out, const KprojRopeArgs& args = {},

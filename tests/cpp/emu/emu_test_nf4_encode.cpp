@@ -133,6 +133,107 @@ INSTANTIATE_TEST_SUITE_P(
                       EncodeCase{2, 5, 16, 3, 6, DType::kE5M2, NibbleOrder::kLowFirst, true, true},
                       EncodeCase{2, 70, 33, 2, 64, DType::kE5M2, NibbleOrder::kLowFirst, false, true}));
 
+// The tensor-core projection (bf16 / fp16 x and w_k): mma.sync fragments emulated with fp32 sums in
+// k order, so the keys differ from the reference's fp64-summed ones by fp32 accumulation error:
+// |k - k_ref| <= E 2^-24 (S(c) + S(c + D/2)) + 2^-23 |k_ref| with S = sum |x_i w_i| of the
+// channel's two projections; the cache is exactly nf4_kcache_quantize of the kernel's keys.
+struct TcCase {
+  int64_t b, t, e, h, d;
+  bool fp16;
+};
+
+class EmuKprojEncodeTc : public ::testing::TestWithParam<TcCase> {};
+
+TEST_P(EmuKprojEncodeTc, KeysWithinFp32SumsAndCacheOfThem) {
+  const TcCase s = GetParam();
+  const int64_t B = s.b, T = s.t, E = s.e, H = s.h, D = s.d;
+  const DType dt = s.fp16 ? DType::kFloat16 : DType::kBFloat16;
+  std::mt19937 rng(uint32_t(B * 11 + T * 5 + D + E));
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto enc = [&](float v) { return s.fp16 ? encode_fp16(v) : encode_bf16(v); };
+  auto dec = [&](uint16_t v) { return double(s.fp16 ? decode_fp16(v) : decode_bf16(v)); };
+  std::vector<uint16_t> x(size_t(B * T * E)), w(size_t(H * D * E));
+  for (auto& v : x) v = enc(n(rng));
+  for (auto& v : w) v = enc(n(rng) / std::sqrt(float(E)));
+  std::vector<int32_t> pos(size_t(B * T));
+  for (auto& v : pos) v = int32_t(rng() % 100000);
+  const size_t nk = size_t(B * T * H * D), nc = nk / 2, ns = size_t(B * H * D);
+  std::vector<uint8_t> c_ref(nc), r_ref(nk), c(nc, 0xFF), r(nk, 0xFF);
+  std::vector<float> s_ref(ns), k_ref(nk), sc(ns, -1.0f), k(nk, -7.0f);
+  KprojRopeArgs a;
+  kproj_rope_nf4_encode(TensorView(x.data(), dt, {B, T, E}), TensorView(w.data(), dt, {H * D, E}),
+                        tv(pos, DType::kInt32, {B, T}), D, tv(c_ref, DType::kUInt8, {B, T, H, D / 2}),
+                        tv(s_ref, DType::kFloat32, {B, H, D}), tv(r_ref, DType::kE5M2, {B, T, H, D}),
+                        tv(k_ref, DType::kFloat32, {B, T, H, D}), a);
+  detail::KprojRopePlan p;  // as src/api/decode_attention.cpp fills it for contiguous tensors
+  p.batch = B;
+  p.seqlen = T;
+  p.hidden = E;
+  p.heads_kv = H;
+  p.head_dim = D;
+  p.x = x.data();
+  p.x_dtype = dt;
+  p.x_stride[0] = T * E;
+  p.x_stride[1] = E;
+  p.x_stride[2] = 1;
+  p.w = w.data();
+  p.w_dtype = dt;
+  p.w_stride[0] = E;
+  p.w_stride[1] = 1;
+  p.positions = pos.data();
+  p.p_stride[0] = T;
+  p.p_stride[1] = 1;
+  p.rope_theta = a.rope_theta;
+  p.k_out = k.data();
+  p.ko_stride[0] = T * H * D;
+  p.ko_stride[1] = H * D;
+  p.ko_stride[2] = D;
+  detail::KCachePlan& kc = p.cache;
+  kc.B = B;
+  kc.T = T;
+  kc.H = H;
+  kc.D = D;
+  kc.codes = c.data();
+  kc.scale = sc.data();
+  kc.residual = r.data();
+  kc.r_dtype = DType::kE5M2;
+  const int64_t cs[4] = {T * H * D / 2, H * D / 2, D / 2, 1}, rs[4] = {T * H * D, H * D, D, 1};
+  for (int i = 0; i < 4; ++i) {
+    kc.c_s[i] = cs[i];
+    kc.r_s[i] = rs[i];
+  }
+  kc.s_s[0] = H * D;
+  kc.s_s[1] = D;
+  kc.s_s[2] = 1;
+  ASSERT_EQ(cuda_emu::kproj_rope_nf4_encode(p, nullptr), 0);
+  size_t exact = 0;
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t ch = 0; ch < D; ++ch) {
+        double S = 0;  // sum |x_i w_i| of the channel's two projections (c and its rotation partner)
+        for (const int64_t cc : {ch % (D / 2), ch % (D / 2) + D / 2})
+          for (int64_t i = 0; i < E; ++i) S += std::fabs(dec(x[size_t(bt * E + i)]) * dec(w[size_t((h * D + cc) * E + i)]));
+        const size_t at = size_t((bt * H + h) * D + ch);
+        const double bound = double(E) * std::ldexp(S, -24) + std::ldexp(std::fabs(double(k_ref[at])), -23);
+        ASSERT_LE(std::fabs(double(k[at]) - double(k_ref[at])), bound) << "key " << at;
+        exact += float_bits(k[at]) == float_bits(k_ref[at]);
+      }
+  EXPECT_GT(exact, nk / 4) << "most keys should still be the reference's";
+  std::vector<uint8_t> c_q(nc), r_q(nk);
+  std::vector<float> s_q(ns);
+  nf4_kcache_quantize(tv(k, DType::kFloat32, {B, T, H, D}), tv(c_q, DType::kUInt8, {B, T, H, D / 2}),
+                      tv(s_q, DType::kFloat32, {B, H, D}), tv(r_q, DType::kE5M2, {B, T, H, D}));
+  EXPECT_EQ(count_diff(sc, s_q), 0u);
+  EXPECT_EQ(count_diff(c, c_q), 0u);
+  EXPECT_EQ(count_diff(r, r_q), 0u);
+}
+
+// tiles of token rows with sequence boundaries inside, hidden tails (not a multiple of 32), both
+// operand dtypes, pair tiles across heads
+INSTANTIATE_TEST_SUITE_P(Shapes, EmuKprojEncodeTc,
+                         ::testing::Values(TcCase{2, 77, 72, 2, 128, false}, TcCase{1, 130, 40, 3, 64, true},
+                                           TcCase{3, 5, 256, 1, 64, false}, TcCase{1, 1, 8, 1, 256, true}));
+
 struct AppendCase {
   int64_t b, t, h, d, n;
   DType r_dtype;
