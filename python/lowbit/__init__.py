@@ -31,7 +31,7 @@ from .gemm import (
     nvfp4_dual_gemm_prepack,
     nvfp4_dual_gemm_silu,
 )
-from .linear import mxfp4_gemm, mxfp4_gemm_prepack, nvfp4_gemm
+from .linear import mxfp4_gemm, mxfp4_gemm_prepack, nvfp4_gemm, nvfp4_gemm_prepack
 from .ops import (
     build_info,
     cast,
@@ -62,7 +62,7 @@ __all__ = [
     "flash_attn_mxfp8_func", "flash_attn_mxfp8_varlen_func", "quantize_mxfp8_attn", "flash_attn_mxfp8_quantized",
     "attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append", "fp8_vcache_quantize",
     "fp8_vcache_append",
-    "mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm",
+    "mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm", "nvfp4_gemm_prepack",
 ]
 
 

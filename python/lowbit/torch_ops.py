@@ -52,6 +52,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import _C
 from . import attention as _attn
 from . import decode_attention as _dec
 from . import ops as _ops
@@ -351,7 +352,9 @@ def _(v_new, codes, scale, lengths, block_table=None):
 #   torch.ops.lowbit.mxfp4_gemm(a, b, b_scale, a_scale=None, bias=None, a_scale_layout="row_major",
 #       b_scale_layout="row_major", b_packed=False, n=None, out_dtype=torch.bfloat16) -> c [M, N]
 #   torch.ops.lowbit.nvfp4_gemm(a, b, b_scale, a_scale=None, amax_a=None, amax_b=None, bias=None,
-#       a_scale_layout="row_major", b_scale_layout="row_major", out_dtype=torch.bfloat16) -> c [M, N]
+#       a_scale_layout="row_major", b_scale_layout="row_major", out_dtype=torch.bfloat16, b_packed=False,
+#       n=None) -> c [M, N]
+#   torch.ops.lowbit.nvfp4_gemm_prepack(b, b_scale, b_scale_layout="row_major") -> packed uint8
 
 from . import linear as _linear  # noqa: E402
 
@@ -373,18 +376,29 @@ def _(a, b, b_scale, a_scale=None, bias=None, a_scale_layout="row_major", b_scal
 
 
 @torch.library.custom_op("lowbit::nvfp4_gemm", mutates_args=())
-def nvfp4_gemm(a: Tensor, b: Tensor, b_scale: Tensor, a_scale: Optional[Tensor] = None,
+def nvfp4_gemm(a: Tensor, b: Tensor, b_scale: Optional[Tensor], a_scale: Optional[Tensor] = None,
                amax_a: Optional[Tensor] = None, amax_b: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                a_scale_layout: str = "row_major", b_scale_layout: str = "row_major",
-               out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, b_packed: bool = False, n: Optional[int] = None) -> Tensor:
     return _linear.nvfp4_gemm(a, b, b_scale, a_scale=a_scale, amax_a=amax_a, amax_b=amax_b, bias=bias,
-                              a_scale_layout=a_scale_layout, b_scale_layout=b_scale_layout, out_dtype=out_dtype)
+                              a_scale_layout=a_scale_layout, b_scale_layout=b_scale_layout, b_packed=b_packed, n=n,
+                              out_dtype=out_dtype)
 
 
 @nvfp4_gemm.register_fake
 def _(a, b, b_scale, a_scale=None, amax_a=None, amax_b=None, bias=None, a_scale_layout="row_major",
-      b_scale_layout="row_major", out_dtype=torch.bfloat16):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+      b_scale_layout="row_major", out_dtype=torch.bfloat16, b_packed=False, n=None):
+    return a.new_empty((a.shape[0], n if b_packed else b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("lowbit::nvfp4_gemm_prepack", mutates_args=())
+def nvfp4_gemm_prepack(b: Tensor, b_scale: Tensor, b_scale_layout: str = "row_major") -> Tensor:
+    return _linear.nvfp4_gemm_prepack(b, b_scale, b_scale_layout=b_scale_layout)
+
+
+@nvfp4_gemm_prepack.register_fake
+def _(b, b_scale, b_scale_layout="row_major"):
+    return b.new_empty((_C.nvfp4_gemm_packed_bytes(b.shape[0], 2 * b.shape[1]),), dtype=torch.uint8)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from fuzzlib_gen_formats import (gen_cast, gen_convert_layout, gen_convert_raw, 
                                  gen_transcode, _lb, random_format_kwargs)
 from fuzzlib_gen_attention import gen_attention
 from fuzzlib_gen_decode import gen_decode_attention, gen_kproj_encode, gen_vcache_quantize
-from fuzzlib_gen_linear import gen_mxfp4_gemm, gen_nvfp4_gemm
+from fuzzlib_gen_linear import gen_mxfp4_gemm, gen_nvfp4_gemm, gen_nvfp4_prepack
 
 
 def gen_nf4k(rng):
@@ -412,7 +412,7 @@ GENERATORS = [  # (weight, generator)
     (3, gen_nf4k_dequant), (6, gen_entry), (2, gen_amax), (3, gen_dual_gemm), (1, gen_prepack),
     (4, gen_group_gemm), (2, gen_group_prepack), (2, gen_moe), (2, gen_format), (3, gen_attention),
     (2, gen_decode_attention), (1, gen_kproj_encode), (1, gen_vcache_quantize),
-    (3, gen_mxfp4_gemm), (2, gen_nvfp4_gemm),
+    (3, gen_mxfp4_gemm), (2, gen_nvfp4_gemm), (1, gen_nvfp4_prepack),
 ]
 _WEIGHTS = np.array([w for w, _ in GENERATORS], dtype=np.float64)
 _WEIGHTS /= _WEIGHTS.sum()

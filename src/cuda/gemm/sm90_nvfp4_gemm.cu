@@ -26,13 +26,18 @@ int nvfp4_gemm(const Nvfp4GemmPlan& q, void* stream) {
   p.L = 1;
   const DualConfig cfg = dual_config(p.M, p.N, p.K, p.L, sms);
   const int64_t kTiles = q.K / kTileK, chunks = (q.N / kRowsPerWG) * kTiles;
-  uint8_t* packed = nullptr;
+  uint8_t* own = nullptr;  // the per-call prepack (weights not prepacked by nvfp4_gemm_prepack)
+  const uint8_t* packed = q.b;
   uint16_t* act = nullptr;
   float* ws = nullptr;
-  cudaError_t e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&packed), size_t(chunks * kChunkBytes), pool, st);
-  if (e == cudaSuccess) {
-    single_prepack_kernel<<<unsigned(chunks), 128, 0, st>>>(q, packed);
-    e = cudaGetLastError();
+  cudaError_t e = cudaSuccess;
+  if (!q.b_packed) {
+    e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&own), size_t(chunks * kChunkBytes), pool, st);
+    if (e == cudaSuccess) {
+      single_prepack_kernel<<<unsigned(chunks), 128, 0, st>>>(q, own);
+      e = cudaGetLastError();
+    }
+    packed = own;
   }
   if (e == cudaSuccess) e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&act), size_t(q.M * q.K * 2), pool, st);
   if (e == cudaSuccess) {
@@ -59,8 +64,16 @@ int nvfp4_gemm(const Nvfp4GemmPlan& q, void* stream) {
   }
   if (ws) cudaFreeAsync(ws, st);
   if (act) cudaFreeAsync(act, st);
-  if (packed) cudaFreeAsync(packed, st);
+  if (own) cudaFreeAsync(own, st);
   return int(e);
+}
+
+int nvfp4_gemm_prepack(const Nvfp4GemmPlan& q, uint8_t* out, void* stream) {
+  if (q.N % 128 != 0 || q.K % kTileK != 0) return cudaErrorInvalidValue;
+  const int64_t chunks = (q.N / kRowsPerWG) * (q.K / kTileK);
+  if (chunks == 0) return cudaSuccess;
+  single_prepack_kernel<<<unsigned(chunks), 128, 0, static_cast<cudaStream_t>(stream)>>>(q, out);
+  return int(cudaGetLastError());
 }
 
 }  // namespace lowbit::cuda
