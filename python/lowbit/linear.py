@@ -36,10 +36,21 @@ def _bias(bias, be: Backend, op):
     return c_view(bias, op, "bias")
 
 
-def _out(out, be: Backend, M, N, out_dtype, op):
-    if out is None:
-        out = be.empty((M, N), dtype_name(out_dtype, op, "out_dtype"))
-    return out
+def _out(out, be: Backend, M, b, b_packed, n, out_dtype, op):
+    """The output [M, N] (allocated when `out` is None): N from b [N, K/2], or `n` with b_packed."""
+    if out is not None:
+        return out
+    if b_packed:
+        if n is None:
+            raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
+        N = check_int(n, op, "n", 0)
+    else:
+        if not hasattr(b, "shape") or len(b.shape) != 2:
+            raise ValueError(f"{op}: argument 'b': expected [N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
+        N = int(b.shape[0])
+        if n is not None and check_int(n, op, "n", 0) != N:
+            raise ValueError(f"{op}: argument 'n': n = {n} does not match b's N = {N}")
+    return be.empty((M, N), dtype_name(out_dtype, op, "out_dtype"))
 
 
 def mxfp4_gemm_prepack(b, b_scale, *, b_scale_layout: str = "row_major"):
@@ -87,18 +98,7 @@ def mxfp4_gemm(a, b, b_scale, *, a_scale=None, bias=None, a_scale_layout: str = 
         same_backend(a, v, op, arg)
     av, adt = c_view(a, op, "a")
     M, K = int(a.shape[0]), int(a.shape[1])
-    if out is None:
-        if b_packed:
-            if n is None:
-                raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
-            N = check_int(n, op, "n", 0)
-        else:
-            if not hasattr(b, "shape") or len(b.shape) != 2:
-                raise ValueError(f"{op}: argument 'b': expected [N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
-            N = int(b.shape[0])
-            if n is not None and check_int(n, op, "n", 0) != N:
-                raise ValueError(f"{op}: argument 'n': n = {n} does not match b's N = {N}")
-        out = _out(out, be, M, N, out_dtype, op)
+    out = _out(out, be, M, b, b_packed, n, out_dtype, op)
     ov, odt = c_view(out, op, "out")
     akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
     bkind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
@@ -183,16 +183,7 @@ def nvfp4_gemm(a, b, b_scale, *, a_scale=None, amax_a=None, amax_b=None, bias=No
         av, adt = c_export(_bytes(a, op, "a")), _C.DType.uint8
     M = int(a.shape[0])
     K = int(a.shape[1]) if bf16 else 2 * int(a.shape[1])
-    if out is None:
-        if b_packed:
-            if n is None:
-                raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
-            N = check_int(n, op, "n", 0)
-        else:
-            if not hasattr(b, "shape") or len(b.shape) != 2:
-                raise ValueError(f"{op}: argument 'b': expected [N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
-            N = int(b.shape[0])
-        out = _out(out, be, M, N, out_dtype, op)
+    out = _out(out, be, M, b, b_packed, n, out_dtype, op)
     ov, odt = c_view(out, op, "out")
     akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
     bkind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)

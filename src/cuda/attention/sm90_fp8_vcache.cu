@@ -19,6 +19,7 @@
 
 #include "cuda/common/codecs.cuh"
 #include "cuda/common/device_info.cuh"
+#include "cuda/attention/cache_append.cuh"
 #include "cuda/attention/launch_decode.hpp"
 #include "cuda/common/workspace.cuh"
 #include "lowbit/block_quant.hpp"
@@ -94,19 +95,9 @@ __global__ void __launch_bounds__(kThreads) vc_encode(const VCachePlan p) {
 // append
 
 struct AppendParams {
-  VCachePlan c;            ///< v = v_new [B, N, H, D]; T = N
-  const int32_t* lengths;  ///< device [B]
-  int64_t max_len;         ///< cache_T - N: the clamp of every length
-  float* old_scale;        ///< scratch [B, H, D]: the scales before the call
-  int* flag;               ///< scratch [B, H]: 1 when a channel of the head is rescaled
-  int64_t chunk, n_chunks; ///< tokens per work item, items per (b, h)
-  CachePages pages;        ///< a paged cache: where token t of sequence b lives
+  VCachePlan c;  ///< v = v_new [B, N, H, D]; T = N
+  CacheAppend x;
 };
-
-__device__ __forceinline__ int64_t clamped_len(const AppendParams& a, int64_t b) {
-  const int64_t l = a.lengths[b];
-  return l < 0 ? 0 : (l > a.max_len ? a.max_len : l);
-}
 
 // a thread per (b, h, d)
 __global__ void __launch_bounds__(kThreads) vc_append_scales(const AppendParams a) {
@@ -122,10 +113,10 @@ __global__ void __launch_bounds__(kThreads) vc_append_scales(const AppendParams 
     }
     float* sp = scale_at(p, b, h, d);
     const float s_old = *sp, a_new = bits_float(amax);
-    a.old_scale[i] = s_old;
+    a.x.old_scale[i] = s_old;
     if (vcache_outgrows(a_new, s_old, fmax)) {
       *sp = vcache_scale(a_new, fmax);
-      a.flag[bh] = 1;
+      a.x.flag[bh] = 1;
     }
   }
 }
@@ -133,23 +124,24 @@ __global__ void __launch_bounds__(kThreads) vc_append_scales(const AppendParams 
 // CTAs over items (b, h, token chunk) of [0, len + N); threads over (token, channel)
 __global__ void __launch_bounds__(kThreads) vc_append_tokens(const AppendParams a) {
   const VCachePlan& p = a.c;
-  const int64_t items = p.B * p.H * a.n_chunks;
+  const CacheAppend& x = a.x;
+  const int64_t items = p.B * p.H * x.n_chunks;
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int64_t bh = it / a.n_chunks, t0 = (it - bh * a.n_chunks) * a.chunk, b = bh / p.H, h = bh - b * p.H;
-    const int64_t len = clamped_len(a, b), end = len + p.T;
-    const bool flagged = a.flag[bh] != 0;
-    if (t0 >= end || (!flagged && t0 + a.chunk <= len)) continue;  // uniform over the CTA
-    const int64_t t1 = t0 + a.chunk < end ? t0 + a.chunk : end;
+    const int64_t bh = it / x.n_chunks, t0 = (it - bh * x.n_chunks) * x.chunk, b = bh / p.H, h = bh - b * p.H;
+    const int64_t len = x.len(b), end = len + p.T;
+    const bool flagged = x.flag[bh] != 0;
+    if (t0 >= end || (!flagged && t0 + x.chunk <= len)) continue;  // uniform over the CTA
+    const int64_t t1 = t0 + x.chunk < end ? t0 + x.chunk : end;
     for (int64_t e = threadIdx.x; e < (t1 - t0) * p.D; e += kThreads) {
       const int64_t t = t0 + e / p.D, d = e % p.D;
       if (t < len && !flagged) continue;
       const float s = *scale_at(p, b, h, d);
-      uint8_t* cp = p.codes + a.pages.offset(p.c_s, b, t) + h * p.c_s[2] + d * p.c_s[3];
+      uint8_t* cp = p.codes + x.pages.offset(p.c_s, b, t) + h * p.c_s[2] + d * p.c_s[3];
       if (t >= len) {  // new token t - len, encoded with the final scale
         *cp = code_of(load_float(p.v, p.v_dtype, at(p.v_s, b, t - len, h, d)), s, p.e5m2);
         continue;
       }
-      const float s_old = a.old_scale[bh * p.D + d];  // a cached token of a rescaled channel
+      const float s_old = x.old_scale[bh * p.D + d];  // a cached token of a rescaled channel
       if (float_bits(s_old) != float_bits(s)) *cp = code_of(vcache_decode(*cp, s_old, p.e5m2), s, p.e5m2);
     }
   }
@@ -186,32 +178,17 @@ int fp8_vcache_append(const detail::VCacheAppendPlan& plan, void* stream) {
   if (c.B == 0 || c.T == 0 || c.H == 0 || c.D == 0) return cudaSuccess;
   AppendParams a;
   a.c = c;
-  a.lengths = plan.lengths_device;
-  a.max_len = plan.cache_T - c.T;
-  a.pages = plan.pages;
-  int64_t longest = 0;  // the grid covers the longest validated sequence (the device clamps)
-  for (int64_t b = 0; b < c.B; ++b) longest = plan.lengths[b] > longest ? plan.lengths[b] : longest;
-  a.chunk = c.D >= 4096 ? 1 : 4096 / c.D;
-  a.n_chunks = (longest + c.T + a.chunk - 1) / a.chunk;
-  const size_t old_bytes = size_t(c.B * c.H * c.D) * 4, flag_bytes = size_t(c.B * c.H) * 4;
-  cudaMemPool_t pool;
-  if (cudaError_t e = workspace_pool(&pool)) return e;
-  void* ws = nullptr;
-  if (cudaError_t e = cudaMallocFromPoolAsync(&ws, old_bytes + flag_bytes, pool, st)) return e;
-  a.old_scale = static_cast<float*>(ws);
-  a.flag = reinterpret_cast<int*>(static_cast<char*>(ws) + old_bytes);
-  cudaError_t e = cudaMemsetAsync(a.flag, 0, flag_bytes, st);
-  if (e == cudaSuccess) {
-    vc_append_scales<<<unsigned(grid_for(vc_append_scales, kThreads, c.B * c.H * c.D)), kThreads, 0, st>>>(a);
-    e = cudaGetLastError();
-  }
-  if (e == cudaSuccess) {
-    const int64_t items = c.B * c.H * a.n_chunks;
-    vc_append_tokens<<<unsigned(grid_for(vc_append_tokens, kThreads, items * kThreads, 8)), kThreads, 0, st>>>(a);
-    e = cudaGetLastError();
-  }
-  const cudaError_t f = cudaFreeAsync(ws, st);
-  return e == cudaSuccess ? f : e;
+  return run_cache_append(
+      a.x, c.B, c.H, c.D, c.T, plan.cache_T, plan.lengths, plan.lengths_device, plan.pages,
+      c.D >= 4096 ? 1 : 4096 / c.D, st,
+      [&] {
+        vc_append_scales<<<unsigned(grid_for(vc_append_scales, kThreads, c.B * c.H * c.D)), kThreads, 0, st>>>(a);
+        return cudaGetLastError();
+      },
+      [&](int64_t items) {
+        vc_append_tokens<<<unsigned(grid_for(vc_append_tokens, kThreads, items * kThreads, 8)), kThreads, 0, st>>>(a);
+        return cudaGetLastError();
+      });
 }
 
 }  // namespace lowbit::cuda

@@ -40,6 +40,7 @@
 #include <cstdint>
 
 #include "core/plan_decode.hpp"
+#include "cuda/attention/cache_append.cuh"
 #include "cuda/attention/launch_decode.hpp"
 #include "cuda/common/codecs.cuh"
 #include "cuda/common/device_info.cuh"
@@ -497,19 +498,9 @@ cudaError_t encode(const KCachePlan& c, cudaStream_t st) {
 // append
 
 struct AppendParams {
-  KCachePlan c;               ///< k = k_new [B, N, H, D]; T = N
-  const int32_t* lengths;     ///< device [B]
-  int64_t max_len;            ///< cache_T - N: the clamp of every length
-  float* old_scale;           ///< scratch [B, H, D]: the scales before the call
-  int* flag;                  ///< scratch [B, H]: 1 when a channel of the head is rescaled
-  int64_t chunk, n_chunks;    ///< tokens per work item, items per (b, h)
-  detail::CachePages pages;   ///< a paged cache: where token t of sequence b lives
+  KCachePlan c;  ///< k = k_new [B, N, H, D]; T = N
+  CacheAppend x;
 };
-
-__device__ __forceinline__ int64_t clamped_len(const AppendParams& a, int64_t b) {
-  const int64_t l = a.lengths[b];
-  return l < 0 ? 0 : (l > a.max_len ? a.max_len : l);
-}
 
 // one thread per (b, h, channel)
 __global__ void __launch_bounds__(kThreads) append_scales(const AppendParams a) {
@@ -524,10 +515,10 @@ __global__ void __launch_bounds__(kThreads) append_scales(const AppendParams a) 
     }
     float* sp = p.scale + b * p.s_s[0] + h * p.s_s[1] + d * p.s_s[2];
     const float s_old = *sp, s_new = bits_float(amax);
-    a.old_scale[i] = s_old;
+    a.x.old_scale[i] = s_old;
     if (s_new > s_old) {
       *sp = s_new;
-      a.flag[bh] = 1;
+      a.x.flag[bh] = 1;
     }
   }
 }
@@ -552,20 +543,21 @@ __global__ void __launch_bounds__(kThreads) append_tokens(const AppendParams a) 
   __shared__ float thr[16], cb[16];
   stage_nf4(thr, cb);
   const KCachePlan& p = a.c;
-  const int64_t D2 = p.D / 2, items = p.B * p.H * a.n_chunks;
+  const CacheAppend& x = a.x;
+  const int64_t D2 = p.D / 2, items = p.B * p.H * x.n_chunks;
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int64_t bh = it / a.n_chunks, t0 = (it - bh * a.n_chunks) * a.chunk, b = bh / p.H, h = bh - b * p.H;
-    const int64_t len = clamped_len(a, b), end = len + p.T;
-    const bool flagged = a.flag[bh] != 0;
-    if (t0 >= end || (!flagged && t0 + a.chunk <= len)) continue;  // uniform over the CTA
-    const int64_t t1 = t0 + a.chunk < end ? t0 + a.chunk : end;
+    const int64_t bh = it / x.n_chunks, t0 = (it - bh * x.n_chunks) * x.chunk, b = bh / p.H, h = bh - b * p.H;
+    const int64_t len = x.len(b), end = len + p.T;
+    const bool flagged = x.flag[bh] != 0;
+    if (t0 >= end || (!flagged && t0 + x.chunk <= len)) continue;  // uniform over the CTA
+    const int64_t t1 = t0 + x.chunk < end ? t0 + x.chunk : end;
     for (int64_t e = threadIdx.x; e < (t1 - t0) * D2; e += kThreads) {
       const int64_t t = t0 + e / D2, dp = e % D2, d = 2 * dp;
       if (t < len && !flagged) continue;
       const float* sp = p.scale + b * p.s_s[0] + h * p.s_s[1] + d * p.s_s[2];
       const float s_fin[2] = {sp[0], sp[p.s_s[2]]};
-      uint8_t* cp = p.codes + a.pages.offset(p.c_s, b, t) + h * p.c_s[2] + dp * p.c_s[3];
-      uint8_t* rp = p.residual + a.pages.offset(p.r_s, b, t) + h * p.r_s[2] + d * p.r_s[3];
+      uint8_t* cp = p.codes + x.pages.offset(p.c_s, b, t) + h * p.c_s[2] + dp * p.c_s[3];
+      uint8_t* rp = p.residual + x.pages.offset(p.r_s, b, t) + h * p.r_s[2] + d * p.r_s[3];
       if (t >= len) {  // new token t - len, encoded with the final scale
         const int64_t ko = b * p.k_s[0] + (t - len) * p.k_s[1] + h * p.k_s[2] + d * p.k_s[3];
         const uint32_t c0 = put(load_float(p.k, p.k_dtype, ko), s_fin[0], rp, p.r_dtype, thr, cb);
@@ -574,7 +566,7 @@ __global__ void __launch_bounds__(kThreads) append_tokens(const AppendParams a) 
         continue;
       }
       // a cached token: the rescaled channels of the pair (their stored bits changed) rewritten
-      const float* so = a.old_scale + bh * p.D + d;
+      const float* so = x.old_scale + bh * p.D + d;
       const bool re[2] = {float_bits(so[0]) != float_bits(s_fin[0]), float_bits(so[1]) != float_bits(s_fin[1])};
       if (!re[0] && !re[1]) continue;
       uint8_t byte = *cp;
@@ -655,33 +647,18 @@ int nf4_kcache_append(const detail::KCacheAppendPlan& plan, void* stream) {
   if (c.B == 0 || c.T == 0 || c.H == 0 || c.D == 0) return cudaSuccess;
   AppendParams a;
   a.c = c;
-  a.lengths = plan.lengths_device;
-  a.max_len = plan.cache_T - c.T;
-  a.pages = plan.pages;
-  int64_t longest = 0;  // the grid covers the longest validated sequence (the device clamps)
-  for (int64_t b = 0; b < c.B; ++b) longest = plan.lengths[b] > longest ? plan.lengths[b] : longest;
   const int64_t D2 = c.D / 2;
-  a.chunk = D2 >= 2048 ? 1 : 4096 / D2;
-  a.n_chunks = (longest + c.T + a.chunk - 1) / a.chunk;
-  const size_t old_bytes = size_t(c.B * c.H * c.D) * 4, flag_bytes = size_t(c.B * c.H) * 4;
-  cudaMemPool_t pool;
-  if (cudaError_t e = workspace_pool(&pool)) return e;
-  void* ws = nullptr;
-  if (cudaError_t e = cudaMallocFromPoolAsync(&ws, old_bytes + flag_bytes, pool, st)) return e;
-  a.old_scale = static_cast<float*>(ws);
-  a.flag = reinterpret_cast<int*>(static_cast<char*>(ws) + old_bytes);
-  cudaError_t e = cudaMemsetAsync(a.flag, 0, flag_bytes, st);
-  if (e == cudaSuccess) {
-    append_scales<<<unsigned(grid_for(append_scales, kThreads, c.B * c.H * c.D)), kThreads, 0, st>>>(a);
-    e = cudaGetLastError();
-  }
-  if (e == cudaSuccess) {
-    const int64_t items = c.B * c.H * a.n_chunks;
-    append_tokens<<<unsigned(grid_for(append_tokens, kThreads, items * kThreads, 8)), kThreads, 0, st>>>(a);
-    e = cudaGetLastError();
-  }
-  const cudaError_t f = cudaFreeAsync(ws, st);
-  return e == cudaSuccess ? f : e;
+  return run_cache_append(
+      a.x, c.B, c.H, c.D, c.T, plan.cache_T, plan.lengths, plan.lengths_device, plan.pages,
+      D2 >= 2048 ? 1 : 4096 / D2, st,
+      [&] {
+        append_scales<<<unsigned(grid_for(append_scales, kThreads, c.B * c.H * c.D)), kThreads, 0, st>>>(a);
+        return cudaGetLastError();
+      },
+      [&](int64_t items) {
+        append_tokens<<<unsigned(grid_for(append_tokens, kThreads, items * kThreads, 8)), kThreads, 0, st>>>(a);
+        return cudaGetLastError();
+      });
 }
 
 int read_int32(const int32_t* device_src, int64_t n, int32_t* host_dst, void* stream) {
