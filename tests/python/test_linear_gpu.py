@@ -192,3 +192,19 @@ def test_nvfp4_gemm_prepacked_weights(torch, M, layout):
     y = torch.ops.lowbit.nvfp4_gemm(a, op_packed, None, None, None, amax_b, bias, "row_major", layout,
                                     torch.bfloat16, True, n)
     assert torch.equal(y.view(torch.int16), plain.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_nvfp4_gemm_activation_paths(torch):
+    """Contiguous 16-byte aligned bf16 activations are read as they are; strided or misaligned rows
+    go through the activation pass: the same bits either way."""
+    n, k, M = 256, 512, 37
+    ops = NvOps(M, n, k, nvfp4_a=False, amax=True, seed=9)
+    b, b_sc = _dev(torch, ops.b), _dev(torch, ops.b_sc)
+    a = _dev(torch, ops.a)
+    want = lowbit.nvfp4_gemm(a, b, b_sc, amax_b=_dev(torch, ops.amax_b))
+    wide = torch.zeros((M, k + 24), dtype=a.dtype, device="cuda")
+    wide[:, 8:8 + k] = a
+    for view in (wide[:, :k].copy_(a), wide[:, 8:8 + k]):  # row stride k + 24; the second also 16 B off
+        got = lowbit.nvfp4_gemm(view, b, b_sc, amax_b=_dev(torch, ops.amax_b))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -28,7 +28,8 @@ int nvfp4_gemm(const Nvfp4GemmPlan& q, void* stream) {
   const int64_t kTiles = q.K / kTileK, chunks = (q.N / kRowsPerWG) * kTiles;
   uint8_t* own = nullptr;  // the per-call prepack (weights not prepacked by nvfp4_gemm_prepack)
   const uint8_t* packed = q.b;
-  uint16_t* act = nullptr;
+  const uint16_t* act = nullptr;  // the activations the mainloop reads
+  uint16_t* own_act = nullptr;    // the activation pass's output, when one runs
   float* ws = nullptr;
   cudaError_t e = cudaSuccess;
   if (!q.b_packed) {
@@ -39,12 +40,20 @@ int nvfp4_gemm(const Nvfp4GemmPlan& q, void* stream) {
     }
     packed = own;
   }
-  if (e == cudaSuccess) e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&act), size_t(q.M * q.K * 2), pool, st);
-  if (e == cudaSuccess) {
-    const int64_t blocks = q.M * (q.K / 16);
-    const unsigned grid = unsigned(blocks / 256 + 1 < 4 * int64_t(sms) * 8 ? blocks / 256 + 1 : 4 * int64_t(sms) * 8);
-    single_act_kernel<<<grid, 256, 0, st>>>(q, act);
-    e = cudaGetLastError();
+  // the mainloop reads bf16 rows of K elements, 16-byte aligned: contiguous bf16 activations as
+  // they are, anything else (NVFP4 codes, strided rows) through the activation pass
+  const bool direct = q.a_bf16 && q.a_sM == q.K && reinterpret_cast<uintptr_t>(q.a) % 16 == 0;
+  if (direct) {
+    act = static_cast<const uint16_t*>(q.a);
+  } else {
+    if (e == cudaSuccess) e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&own_act), size_t(q.M * q.K * 2), pool, st);
+    if (e == cudaSuccess) {
+      const int64_t blocks = q.M * (q.K / 16);
+      const unsigned grid = unsigned(blocks / 256 + 1 < 4 * int64_t(sms) * 8 ? blocks / 256 + 1 : 4 * int64_t(sms) * 8);
+      single_act_kernel<<<grid, 256, 0, st>>>(q, own_act);
+      e = cudaGetLastError();
+    }
+    act = own_act;
   }
   if (e == cudaSuccess && cfg.splits > 1)
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ws), size_t(cfg.splits) * q.M * q.N * sizeof(float), pool, st);
@@ -63,7 +72,7 @@ int nvfp4_gemm(const Nvfp4GemmPlan& q, void* stream) {
     e = cudaGetLastError();
   }
   if (ws) cudaFreeAsync(ws, st);
-  if (act) cudaFreeAsync(act, st);
+  if (own_act) cudaFreeAsync(own_act, st);
   if (own) cudaFreeAsync(own, st);
   return int(e);
 }
