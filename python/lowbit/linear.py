@@ -53,17 +53,23 @@ def _out(out, be: Backend, M, b, b_packed, n, out_dtype, op):
     return be.empty((M, N), dtype_name(out_dtype, op, "out_dtype"))
 
 
+def _weight_codes(b, b_scale, op):
+    """b [N, K/2] as bytes, b_scale present: the argument checks of the two prepack calls."""
+    _required(b, op, "b")
+    _required(b_scale, op, "b_scale")
+    b = _bytes(b, op, "b")
+    if b.ndim != 2:
+        raise ValueError(f"{op}: argument 'b': expected [N, K/2], got shape {tuple(b.shape)}")
+    return b
+
+
 def mxfp4_gemm_prepack(b, b_scale, *, b_scale_layout: str = "row_major"):
     """Prepares dense MXFP4 weights once (load time) for ``mxfp4_gemm(..., b_packed=True)``:
     b [N, K/2] and b_scale (UE8M0 N x K/32, "row_major" or "blocked128x4") -> (packed_b uint8
     [Np, Kp/2], packed_scale uint8 [Np, Kp/32]) with Np = N rounded up to 128 and Kp = K rounded
     up to 256 (group_gemm_mxfp4_prepack of one group; lossless), on b's device."""
     op = "mxfp4_gemm_prepack"
-    _required(b, op, "b")
-    _required(b_scale, op, "b_scale")
-    b = _bytes(b, op, "b")
-    if b.ndim != 2:
-        raise ValueError(f"{op}: argument 'b': expected [N, K/2], got shape {tuple(b.shape)}")
+    b = _weight_codes(b, b_scale, op)
     pb, ps = group_gemm_mxfp4_prepack(b[None], b_scale, b_scale_layout=b_scale_layout)
     return pb[0], ps[0]
 
@@ -122,11 +128,7 @@ def nvfp4_gemm_prepack(b, b_scale, *, b_scale_layout: str = "row_major"):
     fragments and scales (N % 128 == 0, K % 64 == 0). CPU and CUDA give the same bytes; lossless
     (a call with them gives the bits of the call without)."""
     op = "nvfp4_gemm_prepack"
-    _required(b, op, "b")
-    _required(b_scale, op, "b_scale")
-    b = _bytes(b, op, "b")
-    if b.ndim != 2:
-        raise ValueError(f"{op}: argument 'b': expected [N, K/2], got shape {tuple(b.shape)}")
+    b = _weight_codes(b, b_scale, op)
     be = Backend(b, op, "b")
     same_backend(b, b_scale, op, "b_scale")
     N, K = int(b.shape[0]), 2 * int(b.shape[1])

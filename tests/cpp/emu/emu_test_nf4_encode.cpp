@@ -43,6 +43,56 @@ size_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return n;
 }
 
+// The plan src/api/decode_attention.cpp fills for contiguous x [B, T, E], w [H*D, E] (both of
+// x_dtype), positions [B, T], k_out [B, T, H, D] (or none) and the cache's codes / scales / residuals.
+detail::KprojRopePlan contiguous_plan(int64_t B, int64_t T, int64_t E, int64_t H, int64_t D, const void* x,
+                                      DType x_dtype, const void* w, const void* pos, bool pos64, float* k_out,
+                                      uint8_t* codes, float* scale, uint8_t* residual, DType r_dtype) {
+  detail::KprojRopePlan p;
+  p.batch = B;
+  p.seqlen = T;
+  p.hidden = E;
+  p.heads_kv = H;
+  p.head_dim = D;
+  p.x = x;
+  p.x_dtype = x_dtype;
+  p.x_stride[0] = T * E;
+  p.x_stride[1] = E;
+  p.x_stride[2] = 1;
+  p.w = w;
+  p.w_dtype = x_dtype;
+  p.w_stride[0] = E;
+  p.w_stride[1] = 1;
+  p.positions = pos;
+  p.positions64 = pos64;
+  p.p_stride[0] = T;
+  p.p_stride[1] = 1;
+  if (k_out) {
+    p.k_out = k_out;
+    p.ko_stride[0] = T * H * D;
+    p.ko_stride[1] = H * D;
+    p.ko_stride[2] = D;
+  }
+  detail::KCachePlan& kc = p.cache;
+  kc.B = B;
+  kc.T = T;
+  kc.H = H;
+  kc.D = D;
+  kc.codes = codes;
+  kc.scale = scale;
+  kc.residual = residual;
+  kc.r_dtype = r_dtype;
+  const int64_t cs[4] = {T * H * D / 2, H * D / 2, D / 2, 1}, rs[4] = {T * H * D, H * D, D, 1};
+  for (int i = 0; i < 4; ++i) {
+    kc.c_s[i] = cs[i];
+    kc.r_s[i] = rs[i];
+  }
+  kc.s_s[0] = H * D;
+  kc.s_s[1] = D;
+  kc.s_s[2] = 1;
+  return p;
+}
+
 struct EncodeCase {
   int64_t b, t, e, h, d;
   DType r_dtype;
@@ -73,48 +123,12 @@ TEST_P(EmuKprojEncode, MatchesCpuReferenceBitForBit) {
   kproj_rope_nf4_encode(tv(x, DType::kFloat32, {B, T, E}), tv(w, DType::kFloat32, {H * D, E}), pv, D,
                         tv(c_ref, DType::kUInt8, {B, T, H, D / 2}), tv(s_ref, DType::kFloat32, {B, H, D}),
                         tv(r_ref, s.r_dtype, {B, T, H, D}), tv(k_ref, DType::kFloat32, {B, T, H, D}), a);
-  detail::KprojRopePlan p;  // as src/api/decode_attention.cpp fills it for contiguous tensors
-  p.batch = B;
-  p.seqlen = T;
-  p.hidden = E;
-  p.heads_kv = H;
-  p.head_dim = D;
-  p.x = x.data();
-  p.x_stride[0] = T * E;
-  p.x_stride[1] = E;
-  p.x_stride[2] = 1;
-  p.w = w.data();
-  p.w_stride[0] = E;
-  p.w_stride[1] = 1;
-  p.positions = s.pos64 ? static_cast<const void*>(pos.data()) : static_cast<const void*>(pos32.data());
-  p.positions64 = s.pos64;
-  p.p_stride[0] = T;
-  p.p_stride[1] = 1;
+  detail::KprojRopePlan p = contiguous_plan(B, T, E, H, D, x.data(), DType::kFloat32, w.data(),
+                                             s.pos64 ? static_cast<const void*>(pos.data()) : pos32.data(),
+                                             s.pos64, s.k_out ? k.data() : nullptr, c.data(), sc.data(), r.data(),
+                                             s.r_dtype);
   p.rope_theta = a.rope_theta;
-  if (s.k_out) {
-    p.k_out = k.data();
-    p.ko_stride[0] = T * H * D;
-    p.ko_stride[1] = H * D;
-    p.ko_stride[2] = D;
-  }
-  detail::KCachePlan& kc = p.cache;
-  kc.B = B;
-  kc.T = T;
-  kc.H = H;
-  kc.D = D;
-  kc.codes = c.data();
-  kc.scale = sc.data();
-  kc.residual = r.data();
-  kc.r_dtype = s.r_dtype;
-  kc.order = s.order;
-  const int64_t cs[4] = {T * H * D / 2, H * D / 2, D / 2, 1}, rs[4] = {T * H * D, H * D, D, 1};
-  for (int i = 0; i < 4; ++i) {
-    kc.c_s[i] = cs[i];
-    kc.r_s[i] = rs[i];
-  }
-  kc.s_s[0] = H * D;
-  kc.s_s[1] = D;
-  kc.s_s[2] = 1;
+  p.cache.order = s.order;
   ASSERT_EQ(cuda_emu::kproj_rope_nf4_encode(p, nullptr), 0);
   if (s.k_out) EXPECT_EQ(count_diff(k, k_ref), 0u);
   EXPECT_EQ(count_diff(sc, s_ref), 0u);
@@ -165,46 +179,9 @@ TEST_P(EmuKprojEncodeTc, KeysWithinFp32SumsAndCacheOfThem) {
                         tv(pos, DType::kInt32, {B, T}), D, tv(c_ref, DType::kUInt8, {B, T, H, D / 2}),
                         tv(s_ref, DType::kFloat32, {B, H, D}), tv(r_ref, DType::kE5M2, {B, T, H, D}),
                         tv(k_ref, DType::kFloat32, {B, T, H, D}), a);
-  detail::KprojRopePlan p;  // as src/api/decode_attention.cpp fills it for contiguous tensors
-  p.batch = B;
-  p.seqlen = T;
-  p.hidden = E;
-  p.heads_kv = H;
-  p.head_dim = D;
-  p.x = x.data();
-  p.x_dtype = dt;
-  p.x_stride[0] = T * E;
-  p.x_stride[1] = E;
-  p.x_stride[2] = 1;
-  p.w = w.data();
-  p.w_dtype = dt;
-  p.w_stride[0] = E;
-  p.w_stride[1] = 1;
-  p.positions = pos.data();
-  p.p_stride[0] = T;
-  p.p_stride[1] = 1;
+  detail::KprojRopePlan p = contiguous_plan(B, T, E, H, D, x.data(), dt, w.data(), pos.data(), false, k.data(),
+                                             c.data(), sc.data(), r.data(), DType::kE5M2);
   p.rope_theta = a.rope_theta;
-  p.k_out = k.data();
-  p.ko_stride[0] = T * H * D;
-  p.ko_stride[1] = H * D;
-  p.ko_stride[2] = D;
-  detail::KCachePlan& kc = p.cache;
-  kc.B = B;
-  kc.T = T;
-  kc.H = H;
-  kc.D = D;
-  kc.codes = c.data();
-  kc.scale = sc.data();
-  kc.residual = r.data();
-  kc.r_dtype = DType::kE5M2;
-  const int64_t cs[4] = {T * H * D / 2, H * D / 2, D / 2, 1}, rs[4] = {T * H * D, H * D, D, 1};
-  for (int i = 0; i < 4; ++i) {
-    kc.c_s[i] = cs[i];
-    kc.r_s[i] = rs[i];
-  }
-  kc.s_s[0] = H * D;
-  kc.s_s[1] = D;
-  kc.s_s[2] = 1;
   ASSERT_EQ(cuda_emu::kproj_rope_nf4_encode(p, nullptr), 0);
   size_t exact = 0;
   for (int64_t bt = 0; bt < B * T; ++bt)
