@@ -21,6 +21,10 @@ lowbit rows (lowbit.attn_forward_decode_nf4, block 64):
                               docs/design/decode_pruning.md)
   attn_decode_nf4_unpruned    delta = inf (plain attention over the cache)
   attn_decode_nf4_nores       delta = inf, use_fp8_residual=False (the residual is not read)
+  attn_decode_nf4_v8_*        the same three on an FP8 V cache (lowbit.fp8_vcache_quantize of V, E4M3 codes
+                              with a scale per (batch, KV head, channel)): pruned at the first delta,
+                              unpruned, and unpruned without the residual (192 B per token and KV head at
+                              d128, against 256 for an FP8 KV cache)
 anchors, each on its own cache format, timed in the same process:
   sdpa_bf16       torch SDPA on the bf16 cache [B, H_kv, T, D] (enable_gqa), the fastest of the flash,
                   memory-efficient and cuDNN backends for that shape (which one: in the note)
@@ -68,9 +72,13 @@ PRUNED = "attn_decode_nf4_pruned"
 
 
 def lowbit_ops(deltas):
-    """(op, delta, use_fp8_residual): one pruned row per delta, then the unpruned ones."""
-    return ([(f"{PRUNED}_d{d:g}", d, True) for d in deltas]
-            + [("attn_decode_nf4_unpruned", math.inf, True), ("attn_decode_nf4_nores", math.inf, False)])
+    """(op, delta, use_fp8_residual, fp8 V): one pruned row per delta, then the unpruned ones; the
+    same on the FP8 V cache (pruned at the first delta only)."""
+    ops = [(f"{PRUNED}_d{d:g}", d, True, False) for d in deltas]
+    ops += [("attn_decode_nf4_unpruned", math.inf, True, False), ("attn_decode_nf4_nores", math.inf, False, False)]
+    if deltas:
+        ops.append((f"attn_decode_nf4_v8_pruned_d{deltas[0]:g}", deltas[0], True, True))
+    return ops + [("attn_decode_nf4_v8_unpruned", math.inf, True, True), ("attn_decode_nf4_v8_nores", math.inf, False, True)]
 ANCHORS = ["sdpa_bf16", "fa3_kv_bf16", "fa3_kv_fp8"]
 
 torch = None  # imported in main() where available: --help and the CPU smoke run work without torch
@@ -102,14 +110,14 @@ def default_shapes():
             + [(b, t) for b in (8, 32) for t in (4096, 8192, 16384, 32768)])
 
 
-def lowbit_bytes(B, T, H, HK, D, Dv, skip, residual, kept_residual_only=False):
+def lowbit_bytes(B, T, H, HK, D, Dv, skip, residual, kept_residual_only=False, v8=False):
     """Bytes lowbit must read + write for one call (module docstring)."""
     n = -(-T // BLOCK)
     kept = T - skip * n * BLOCK  # skipped blocks are interior, hence full
     per_seq_head = T * D // 2 + D * 4  # codes, fp32 scales
     if residual:
         per_seq_head += (kept if kept_residual_only else T) * D
-    per_seq_head += kept * Dv * 2
+    per_seq_head += kept * Dv * (1 if v8 else 2) + (Dv * 4 if v8 else 0)  # V (FP8: codes and fp32 scales)
     return int(B * HK * per_seq_head + B * H * D * 2 + B * H * Dv * 2)
 
 
@@ -238,7 +246,7 @@ class Bench:
         D = Dv = a.d
         name = shape_name(B, T)
         if self.over_budget():
-            for op, _, _ in lowbit_ops(a.deltas):
+            for op, *_ in lowbit_ops(a.deltas):
                 self.report.add(DecodeRow(op=op, shape=name, anchor="-", batch=B, context=T,
                                           error="skipped: time budget"))
             return
@@ -254,18 +262,20 @@ class Bench:
         cache_err = ""
         try:
             c, s, r = lowbit.nf4_kcache_quantize(k_src)
+            v8, v8_scale = lowbit.fp8_vcache_quantize(v)
         except Exception as ex:  # noqa: BLE001
-            cache_err = "nf4_kcache_quantize: " + _err(ex)
+            cache_err = "cache: " + _err(ex)
             if a.verbose:
                 traceback.print_exc()
-        for op, delta, res in lowbit_ops(a.deltas):
+        for op, delta, res, fp8v in lowbit_ops(a.deltas):
             info = {"delta": delta, "timing": None, "skip": None, "check": "", "error": cache_err}
             lb[op] = info
             if cache_err:
                 continue
             try:
-                kw = dict(block_size=BLOCK, delta=delta, use_fp8_residual=res)
-                out, ratio = lowbit.attn_forward_decode_nf4(q, c, s, r if res else None, v, return_skip_ratio=True,
+                kw = dict(block_size=BLOCK, delta=delta, use_fp8_residual=res, v_scale=v8_scale if fp8v else None)
+                vv = v8 if fp8v else v
+                out, ratio = lowbit.attn_forward_decode_nf4(q, c, s, r if res else None, vv, return_skip_ratio=True,
                                                             **kw)
                 skip = float(ratio.float().mean()) if torch is not None and isinstance(ratio, torch.Tensor) \
                     else float(np.asarray(ratio, np.float64).mean())
@@ -274,7 +284,7 @@ class Bench:
                 info["check"] = f"skip {skip:.3f}; rel_l2 vs fp32 {rel_l2(o, ref):.1e}"
                 del out, o
                 rr = r if res else None
-                info["timing"] = self.time(lambda: lowbit.attn_forward_decode_nf4(q, c, s, rr, v, **kw))
+                info["timing"] = self.time(lambda: lowbit.attn_forward_decode_nf4(q, c, s, rr, vv, **kw))
             except NotImplementedError:
                 info["error"] = NA
             except Exception as ex:  # noqa: BLE001
@@ -283,11 +293,11 @@ class Bench:
                     traceback.print_exc()
 
         timed = self.anchors(q, k, v, ref, B, T)
-        for op, _, res in lowbit_ops(a.deltas):
+        for op, _, res, fp8v in lowbit_ops(a.deltas):
             info = lb[op]
             skip = info["skip"] if info["skip"] is not None else 0.0
-            nbytes = lowbit_bytes(B, T, H, HK, D, Dv, skip, res)
-            nbytes_kept = lowbit_bytes(B, T, H, HK, D, Dv, skip, res, kept_residual_only=True)
+            nbytes = lowbit_bytes(B, T, H, HK, D, Dv, skip, res, v8=fp8v)
+            nbytes_kept = lowbit_bytes(B, T, H, HK, D, Dv, skip, res, kept_residual_only=True, v8=fp8v)
             t_lb = info["timing"]
             for an in ANCHORS:
                 t_an, an_check, an_note = timed[an]
@@ -396,9 +406,12 @@ def plot(rows: List[dict], path: str, title: str = "") -> str:
         raise ValueError("no rows to plot")
     fig, axes = plt.subplots(len(batches), 2, figsize=(12, 4 * len(batches)), squeeze=False)
     labels = {"attn_decode_nf4_unpruned": "lowbit NF4+FP8 unpruned",
-              "attn_decode_nf4_nores": "lowbit NF4 (no residual)", "sdpa_bf16": "torch SDPA bf16 (best backend)",
+              "attn_decode_nf4_nores": "lowbit NF4 (no residual)",
+              "attn_decode_nf4_v8_unpruned": "lowbit NF4+FP8, FP8 V, unpruned",
+              "attn_decode_nf4_v8_nores": "lowbit NF4, FP8 V (no residual)", "sdpa_bf16": "torch SDPA bf16 (best backend)",
               "fa3_kv_bf16": "FA3 with_kvcache bf16", "fa3_kv_fp8": "FA3 with_kvcache FP8"}
-    styles = {"attn_decode_nf4_unpruned": "s-", "attn_decode_nf4_nores": "^-",
+    styles = {"attn_decode_nf4_unpruned": "s-", "attn_decode_nf4_nores": "^-", "attn_decode_nf4_v8_unpruned": "s:",
+              "attn_decode_nf4_v8_nores": "^:",
               "sdpa_bf16": "x--", "fa3_kv_bf16": "d--", "fa3_kv_fp8": "v--"}
     for i, B in enumerate(batches):
         rs = [r for r in rows if r.get("batch") == B]

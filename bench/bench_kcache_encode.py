@@ -5,13 +5,14 @@ prefill (lowbit.kproj_rope_nf4_encode) and the append of decode tokens (lowbit.n
     python bench/bench_kcache_encode.py --device cpu     # smoke run on the CPU reference, no GPU
 
 Rows (shape: b<B>_t<T>_e<hidden> for the encode, b<B>_t<T>_n<N> for the append; H_kv = 8,
-D = 128, bf16 x / w_k / k_new, E5M2 residual):
+D = 128, bf16 x / w_k / k_new (--fp32: float32 x / w_k), E5M2 residual):
   kproj_rope_nf4_encode   the whole op. rate = (x + w_k + positions read, codes + scales +
                           residuals written) / time; %ceil = rate / copy bandwidth. anchor:
                           torch.matmul(x, w_k.T) in bf16 (cuBLAS), the projection alone.
                           note: the split of the op's device time by kernel (torch.profiler):
-                          gemm% = the projection + RoPE + amax kernel (a CUDA-core fp64 GEMM, not
-                          tensor cores) and its fp64 TFLOP/s: whether the GEMM dominates
+                          gemm% = the projection + RoPE + amax kernel (bf16 operands: mma.sync
+                          tensor cores with fp32 sums; --fp32 operands: the exact CUDA-core fp64
+                          GEMM) and its TFLOP/s: whether the GEMM dominates
   kproj_encode_pass       the encode kernel alone (its device time from the profiler): fp32 keys
                           + scales read, codes + residuals written; %ceil against the copy bandwidth
   nf4_kcache_append       N new tokens, no channel outgrows its scale (the common decode step):
@@ -128,8 +129,9 @@ class Bench:
         if self.cpu:
             xx, ww, pp = x, w, pos
         else:
-            xx = torch.from_numpy(x).cuda().to(torch.bfloat16)
-            ww = torch.from_numpy(w).cuda().to(torch.bfloat16)
+            dt = torch.float32 if self.args.fp32 else torch.bfloat16
+            xx = torch.from_numpy(x).cuda().to(dt)
+            ww = torch.from_numpy(w).cuda().to(dt)
             pp = torch.from_numpy(pos).cuda()
         kw = dict(head_dim=D, rope_theta=500000.0)
         fn = lambda: lowbit.kproj_rope_nf4_encode(xx, ww, pp, **kw)  # noqa: E731
@@ -152,7 +154,8 @@ class Bench:
         split = None
         if not self.cpu:
             anchor = "torch_mm_bf16"
-            anchor_t = self.time(lambda: torch.matmul(xx, ww.t()))
+            xb, wb = xx.to(torch.bfloat16), ww.to(torch.bfloat16)
+            anchor_t = self.time(lambda: torch.matmul(xb, wb.t()))
             split = kernel_split(fn)
         if not self.cpu and not split:  # no profiler: the encode passes bounded by a quantize of the keys
             tq = self.time(lambda: lowbit.nf4_kcache_quantize(k))
@@ -165,8 +168,9 @@ class Bench:
             gemm = sum(v for k_, v in split.items() if "kproj_rope_amax" in k_)
             enc = sum(v for k_, v in split.items() if "kc_encode" in k_)
             note += (f"; kernels: gemm {gemm:.0f} us ({100 * gemm / tot:.0f}%, "
-                     f"{flops / (gemm * 1e-6) / 1e12:.2f} fp64 TFLOP/s), encode {enc:.0f} us, other {tot - gemm - enc:.0f} us"
-                     f"; the GEMM {'dominates' if gemm > 0.5 * tot else 'does not dominate'}")
+                     f"{flops / (gemm * 1e-6) / 1e12:.2f} TFLOP/s; torch bf16 matmul "
+                     f"{flops / (anchor_t.median_us * 1e-6) / 1e12:.0f} TFLOP/s), encode {enc:.0f} us, "
+                     f"other {tot - gemm - enc:.0f} us; the GEMM {'dominates' if gemm > 0.5 * tot else 'does not dominate'}")
         self.report.add(Row(op="kproj_rope_nf4_encode", shape=shape, lowbit_us=t.median_us, lowbit_p10_us=t.p10_us,
                             lowbit_p90_us=t.p90_us, anchor=anchor, anchor_us=anchor_t.median_us if anchor_t else None,
                             bytes=nbytes, timing=t.mode, check=check, note=note))
@@ -236,6 +240,8 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: smoke run on lowbit's CPU reference (small shapes, host clock, no torch needed)")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failed rows")
+    p.add_argument("--fp32", action="store_true",
+                   help="float32 x / w_k for the encode rows (the exact CUDA-core fp64 projection instead of tensor cores)")
     return p.parse_args(argv)
 
 

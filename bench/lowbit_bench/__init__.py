@@ -6,9 +6,9 @@ Benchmarks live beside this package (bench/bench_*.py) and run from the reposito
 `python bench/bench_conversions.py` or `python -m bench.bench_conversions`.
 """
 from .report import Report, Row, add_common_args, default_json_path, environment
-from .timing import Timing, import_torch_cuda, l2_flush, measure_ceilings, quantile, time_fn
+from .timing import Timing, import_torch_cuda, l2_flush, measure_ceilings, quantile, time_fn, time_graph
 
 __all__ = [
     "Report", "Row", "add_common_args", "default_json_path", "environment",
-    "Timing", "l2_flush", "measure_ceilings", "quantile", "time_fn",
+    "Timing", "l2_flush", "measure_ceilings", "quantile", "time_fn", "time_graph",
 ]

@@ -2,7 +2,8 @@
 
 time_fn() times a callable with CUDA events: warm-up first (module load, autotuning and
 torch.compile stay out), an L2 flush before every timed call (outside the timed region),
-input sets rotated per call, median with p10/p90 in microseconds.
+input sets rotated per call, median with p10/p90 in microseconds. time_graph() times the replays
+of a callable captured once in a CUDA graph the same way.
 
 measure_ceilings() measures, once per process, the figures a result is compared with:
 device-to-device copy bandwidth (bytes read + written), bf16 GEMM and FP8 row-wise
@@ -17,7 +18,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-__all__ = ["Timing", "time_fn", "l2_flush", "measure_ceilings", "quantile", "import_torch_cuda"]
+__all__ = ["Timing", "time_fn", "time_graph", "l2_flush", "measure_ceilings", "quantile", "import_torch_cuda"]
 
 
 @dataclasses.dataclass
@@ -139,6 +140,29 @@ def time_fn(
         iters=done,
         mode="host" if sync else "device",
     )
+
+
+def time_graph(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 50, flush_l2: bool = True,
+               max_seconds: Optional[float] = None) -> Timing:
+    """fn captured once in a CUDA graph (after `warmup` eager calls on a side stream, the usual
+    warm-up before a capture), then its replays timed as time_fn times a call (mode "graph"): the
+    device time without the host's Python and launch cost, as serving engines replay decode steps.
+    Raises what the capture raises (an op that synchronises with the host cannot be captured)."""
+    import torch
+
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(1, warmup)):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    t = time_fn(graph.replay, warmup=2, iters=iters, flush_l2=flush_l2, max_seconds=max_seconds)
+    return dataclasses.replace(t, mode="graph")
 
 
 def _time_fn_cpu(fn, arg_sets, warmup, iters, max_seconds) -> Timing:

@@ -3,9 +3,10 @@
 //   mxfp4_gemm:  C[M, N] = A[M, K] @ B[N, K]^T (+ bias[N])   MXFP4 weights, bf16 or MXFP8 activations
 //   nvfp4_gemm:  C[M, N] = A[M, K] @ B[N, K]^T (+ bias[N])   NVFP4 weights, bf16 or NVFP4 activations
 //
-// CPU tensors run the fp32/fp64 reference in src/ref; CUDA tensors run the sm_90a kernels where they
-// exist (mxfp4_gemm: the grouped MXFP4 GEMM's kernel with one group), and otherwise throw
-// NotSupportedError naming the op (nvfp4_gemm has no CUDA kernel yet; never a silent fallback).
+// CPU tensors run the fp32/fp64 reference in src/ref; CUDA tensors run the sm_90a kernels
+// (mxfp4_gemm: the grouped MXFP4 GEMM's kernel with one group; nvfp4_gemm: the NVFP4 dual GEMM's
+// mainloop, N a multiple of 128 and K of 64, other shapes refused with NotSupportedError naming
+// the constraint: never a silent fallback). Both take weights prepacked once (at load time).
 // Layouts and rules: docs/linear.md.
 #pragma once
 
@@ -57,16 +58,30 @@ struct Nvfp4GemmArgs {
   TensorView a_scale;  ///< NVFP4 A: E4M3 (float8_e4m3fn / uint8) M x K/16 in a_scale_layout; absent for bf16
   ScaleLayout a_scale_layout = ScaleLayout::row_major();
   TensorView amax_a;   ///< optional float32 [1] per-tensor amax of A (NVFP4 A only)
-  TensorView b;        ///< [N, K/2] uint8 / float4_e2m1fn_x2, K contiguous
-  TensorView b_scale;  ///< E4M3 N x K/16 in b_scale_layout (row_major or blocked128x4)
+  TensorView b;        ///< [N, K/2] uint8 / float4_e2m1fn_x2, K contiguous; with b_packed the
+                       ///< nvfp4_gemm_prepack output (uint8, nvfp4_gemm_packed_bytes(N, K), contiguous)
+  TensorView b_scale;  ///< E4M3 N x K/16 in b_scale_layout (row_major or blocked128x4); absent with b_packed
   ScaleLayout b_scale_layout = ScaleLayout::row_major();
   TensorView amax_b;   ///< optional float32 [1] per-tensor amax of B
   TensorView bias;     ///< optional [N]: float32 / bfloat16 / float16, contiguous
   TensorView out;      ///< [M, N]: bfloat16 / float16, N contiguous
+  bool b_packed = false;  ///< b is nvfp4_gemm_prepack's output; N is taken from out
 };
 
-/// Constraints: M >= 0, K a positive multiple of 16, N >= 1. CPU only: CUDA tensors raise
-/// NotSupportedError("nvfp4_gemm: no CUDA kernel yet ...") after validation.
+/// Constraints: M >= 0, K a positive multiple of 16, N >= 1 (b_packed: N a multiple of 128, K of
+/// 64). CUDA: N a multiple of 128 and K of 64, else NotSupportedError naming the constraint.
 void nvfp4_gemm(const Nvfp4GemmArgs& args, Stream stream = {});
+
+/// Bytes of nvfp4_gemm's prepacked weights: N a positive multiple of 128, K of 64 (the CUDA
+/// kernel's tiles): (N / 64) x (K / 64) chunks of 2304 bytes.
+int64_t nvfp4_gemm_packed_bytes(int64_t N, int64_t K);
+
+/// Prepares b [N, K/2] and b_scale (E4M3 N x K/16 in b_scale_layout) once, as serving engines do at
+/// load time, into `packed` (uint8, nvfp4_gemm_packed_bytes(N, K) elements, contiguous) for
+/// nvfp4_gemm(b_packed): each 64-row x 64-deep chunk holds the kernel threads' code fragments and
+/// the rows' E4M3 scales (the layout: src/ref/ref_linear.hpp). CPU and CUDA give the same bytes;
+/// a call with prepacked weights gives the bits of the call without.
+void nvfp4_gemm_prepack(const TensorView& b, const TensorView& b_scale, const ScaleLayout& b_scale_layout,
+                        const TensorView& packed, Stream stream = {});
 
 }  // namespace lowbit

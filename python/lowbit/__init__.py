@@ -20,7 +20,8 @@ from .attention import (
     flash_attn_mxfp8_varlen_func,
     quantize_mxfp8_attn,
 )
-from .decode_attention import attn_forward_decode_nf4, kproj_rope_nf4_encode, nf4_kcache_append
+from .decode_attention import (attn_forward_decode_nf4, fp8_vcache_append, fp8_vcache_quantize, kproj_rope_nf4_encode,
+                               nf4_kcache_append)
 from ._formats import FORMAT_NAMES, LAYOUTS, Format, Quantized
 from .gemm import (
     custom_kernel,
@@ -31,7 +32,7 @@ from .gemm import (
     nvfp4_dual_gemm_prepack,
     nvfp4_dual_gemm_silu,
 )
-from .linear import mxfp4_gemm, mxfp4_gemm_prepack, nvfp4_gemm
+from .linear import mxfp4_gemm, mxfp4_gemm_prepack, nvfp4_gemm, nvfp4_gemm_prepack
 from .ops import (
     build_info,
     cast,
@@ -60,18 +61,22 @@ __all__ = [
     "nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "custom_kernel", "group_gemm_mxfp4_nt_groupwise",
     "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp", "gpt_oss_expert_mlp",
     "flash_attn_mxfp8_func", "flash_attn_mxfp8_varlen_func", "quantize_mxfp8_attn", "flash_attn_mxfp8_quantized",
-    "attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append",
-    "mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm",
+    "attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append", "fp8_vcache_quantize",
+    "fp8_vcache_append",
+    "mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm", "nvfp4_gemm_prepack",
 ]
 
 
 def __getattr__(name):
-    # `lowbit.torch_ops` / `lowbit.nn` (and nn's load_quantized) / `lowbit.moe` import torch on first use only
-    if name in ("torch_ops", "nn", "load_quantized", "moe"):
-        import importlib
+    # `lowbit.torch_ops` / `lowbit.nn` (and nn's load_quantized) / `lowbit.moe` /
+    # flash_attn_mxfp8_autograd import torch on first use only
+    import importlib
 
+    if name in ("torch_ops", "nn", "load_quantized", "moe"):
         mod = importlib.import_module({"torch_ops": ".torch_ops", "moe": ".moe"}.get(name, ".nn"), __name__)
         return mod.load_quantized if name == "load_quantized" else mod
+    if name == "flash_attn_mxfp8_autograd":
+        return importlib.import_module(".attention_autograd", __name__).flash_attn_mxfp8_autograd
     raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
 
 

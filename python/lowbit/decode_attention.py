@@ -23,7 +23,8 @@ from . import _C
 from ._arrays import Backend, as_array, c_view, check_float, check_int, dtype_name, is_torch, same_backend
 from .ops import _nibbles
 
-__all__ = ["attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append"]
+__all__ = ["attn_forward_decode_nf4", "kproj_rope_nf4_encode", "nf4_kcache_append", "fp8_vcache_quantize",
+           "fp8_vcache_append"]
 
 _RESIDUAL_DTYPES = ("float8_e5m2", "float8_e4m3fn")
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -54,13 +55,23 @@ def _lengths(be: Backend, a, op: str, arg: str):
     return a
 
 
+def _table(ref, block_table, op):
+    """A paged cache's block table: int32 [B, max_pages] of ref's library (None: a dense cache)."""
+    if block_table is None:
+        return None
+    t = _arr(block_table, op, "block_table", ("int32",), 2)
+    same_backend(ref, t, op, "block_table")
+    return t
+
+
 def _bool(v, op, arg):
     if not isinstance(v, (bool, np.bool_)):
         _fail(op, arg, f"expected a bool, got {v!r}")
     return bool(v)
 
 
-def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, seq_lens=None, block_size: int = 64,
+def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, v_scale=None, seq_lens=None, block_table=None,
+                            block_size: int = 64,
                             sub_block_size: int = 16, delta: float = 8.0, precomputed_threshold=None,
                             use_fp8_residual: bool = True, return_skip_ratio: bool = False, softmax_scale=None,
                             nibble_order: str = "low", out=None):
@@ -68,8 +79,14 @@ def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, seq_lens=None, 
 
     q [B, 1, H_q, D] bfloat16; k_nf4 / k_scale (float32 or bfloat16) / k_residual as in the module
     docstring (k_residual may be None when ``use_fp8_residual`` is False); v [B, T, H_kv, Dv]
-    bfloat16; D, Dv in {64, 128, 256}; H_q % H_kv == 0 (query head h reads KV head
+    bfloat16, or an FP8 V cache: float8_e4m3fn / float8_e5m2 codes with ``v_scale`` float32
+    [B, H_kv, Dv], v[t, c] = fp8(code) * v_scale[b, h, c] (``fp8_vcache_quantize`` /
+    ``fp8_vcache_append`` write it); D, Dv in {64, 128, 256}; H_q % H_kv == 0 (query head h reads KV head
     h // (H_q // H_kv)). ``seq_lens``: int32 [B] (or a list), each in 1..T (default T).
+    ``block_table``: a paged cache (vLLM / FlashAttention-3 block tables), int32 [B, max_pages]:
+    k_nf4, k_residual and v are then [pages, page_size, H_kv, ...] (page_size a power of two),
+    token t of sequence b is row t % page_size of page block_table[b, t // page_size], T =
+    max_pages * page_size, and seq_lens is required (docs/decode_attention.md).
 
     With s[h, t] = softmax_scale * q[h] . k[t] (natural log units; softmax_scale None: 1/sqrt(D))
     and blocks of ``block_size`` tokens (the last one of a sequence possibly shorter):
@@ -88,13 +105,19 @@ def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, seq_lens=None, 
     use_res = _bool(use_fp8_residual, op, "use_fp8_residual")
     if k_residual is not None or use_res:
         k_residual = _arr(k_residual, op, "k_residual", _RESIDUAL_DTYPES, 4)
-    v = _arr(v, op, "v", ("bfloat16",), 4)
-    for arg, a in (("k_nf4", k_nf4), ("k_scale", k_scale), ("k_residual", k_residual), ("v", v)):
+    v = _arr(v, op, "v", ("bfloat16",) + _RESIDUAL_DTYPES, 4)
+    if dtype_name(v.dtype, op, "v") == "bfloat16":
+        if v_scale is not None:
+            _fail(op, "v_scale", "is only taken with FP8 v (float8_e4m3fn / float8_e5m2); v is bfloat16")
+    else:
+        v_scale = _arr(v_scale, op, "v_scale", ("float32",), 3, float_default=True)
+    for arg, a in (("k_nf4", k_nf4), ("k_scale", k_scale), ("k_residual", k_residual), ("v", v), ("v_scale", v_scale)):
         same_backend(q, a, op, arg)
     be = Backend(q, op, "q")
     if seq_lens is not None:
         seq_lens = _lengths(be, seq_lens, op, "seq_lens")
         same_backend(q, seq_lens, op, "seq_lens")
+    block_table = _table(q, block_table, op)
     if precomputed_threshold is not None:
         precomputed_threshold = _arr(precomputed_threshold, op, "precomputed_threshold", ("float32",), 2,
                                      float_default=True)
@@ -121,10 +144,13 @@ def attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, *, seq_lens=None, 
     ratio = be.empty((b, hk), "float32") if want_ratio else None
     sv, sdt = c_view(k_scale, op, "k_scale")
     rv, rdt = (None, _C.DType.float8_e5m2) if k_residual is None else c_view(k_residual, op, "k_residual")
+    vv, vdt = c_view(v, op, "v")
     with be.guard():
         _C.attn_forward_decode_nf4(
-            c_view(q, op, "q")[0], c_view(k_nf4, op, "k_nf4")[0], sv, sdt, rv, rdt, c_view(v, op, "v")[0],
+            c_view(q, op, "q")[0], c_view(k_nf4, op, "k_nf4")[0], sv, sdt, rv, rdt, vv, vdt,
+            None if v_scale is None else c_view(v_scale, op, "v_scale")[0],
             None if seq_lens is None else c_view(seq_lens, op, "seq_lens")[0],
+            None if block_table is None else c_view(block_table, op, "block_table")[0],
             None if precomputed_threshold is None else c_view(precomputed_threshold, op, "precomputed_threshold")[0],
             c_view(out, op, "out")[0], None if ratio is None else c_view(ratio, op, "skip_ratio")[0], bs, sbs, d,
             use_res, scale, _nibbles(nibble_order, op), be.stream())
@@ -181,7 +207,7 @@ def kproj_rope_nf4_encode(x, w_k, positions, *, head_dim: int, rope_theta: float
     return (k_nf4, k_scale, k_res, k) if want_k else (k_nf4, k_scale, k_res)
 
 
-def nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths, *, nibble_order: str = "low") -> None:
+def nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths, *, block_table=None, nibble_order: str = "low") -> None:
     """Appends N new (already rotated) keys per sequence to the cache, in place.
 
     k_new [B, N, H_kv, D] float32 / float16 / bfloat16 becomes tokens lengths[b] .. lengths[b] + N
@@ -189,7 +215,9 @@ def nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths, *, nibble_orde
     Per channel, a = finite amax of the new tokens: a <= k_scale keeps the scale and encodes the
     new tokens with it; a > k_scale rescales the channel: k_scale = a and every cached token
     t < lengths[b] is decoded (nf4 * scale + residual) and re-encoded with the new scale. The
-    scale thus stays the finite amax of every token written (docs/decode_attention.md)."""
+    scale thus stays the finite amax of every token written (docs/decode_attention.md).
+    ``block_table``: a paged cache (as attn_forward_decode_nf4's), its table holding the pages of
+    the new tokens too."""
     op = "nf4_kcache_append"
     k_new = _arr(k_new, op, "k_new", _FLOAT_DTYPES, 4, float_default=True)
     k_nf4 = _arr(k_nf4, op, "k_nf4", ("uint8",), 4)
@@ -199,8 +227,61 @@ def nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths, *, nibble_orde
     lengths = _lengths(be, lengths, op, "lengths")
     for arg, a in (("k_nf4", k_nf4), ("k_scale", k_scale), ("k_residual", k_residual), ("lengths", lengths)):
         same_backend(k_new, a, op, arg)
+    block_table = _table(k_new, block_table, op)
     kv, kdt = c_view(k_new, op, "k_new")
     rv, rdt = c_view(k_residual, op, "k_residual")
     with be.guard():
         _C.nf4_kcache_append(kv, kdt, c_view(k_nf4, op, "k_nf4")[0], c_view(k_scale, op, "k_scale")[0], rv, rdt,
-                             c_view(lengths, op, "lengths")[0], _nibbles(nibble_order, op), be.stream())
+                             c_view(lengths, op, "lengths")[0],
+                             None if block_table is None else c_view(block_table, op, "block_table")[0],
+                             _nibbles(nibble_order, op), be.stream())
+
+
+def fp8_vcache_quantize(v, dtype="float8_e4m3fn"):
+    """The FP8 V cache of ``v`` [B, T, H_kv, Dv] (float32 / float16 / bfloat16), as
+    attn_forward_decode_nf4 reads it with ``v_scale``: returns ``(codes, scale)``, codes [B, T,
+    H_kv, Dv] of ``dtype`` (float8_e4m3fn or float8_e5m2), scale [B, H_kv, Dv] float32. Per
+    channel the scale is the smallest power of two 2^e with amax <= fmax * 2^e (0 for an all-zero
+    channel; amax the finite amax over T, fmax 448 / 57344), and each code is fp8(v / scale),
+    round to nearest even (values never overflow; NaN -> NaN; Inf -> Inf in E5M2, NaN in E4M3).
+    torch CUDA tensors run the sm_90a kernels, bit for bit the CPU result."""
+    op = "fp8_vcache_quantize"
+    v = _arr(v, op, "v", _FLOAT_DTYPES, 4, float_default=True)
+    name = dtype_name(dtype, op, "dtype")
+    if name not in _RESIDUAL_DTYPES:
+        _fail(op, "dtype", f"expected float8_e4m3fn or float8_e5m2, got {name}")
+    be = Backend(v, op, "v")
+    b, t, h, d = (int(x) for x in v.shape)
+    codes = be.empty((b, t, h, d), name)
+    scale = be.empty((b, h, d), "float32")
+    vv, vdt = c_view(v, op, "v")
+    cv, cdt = c_view(codes, op, "codes")
+    with be.guard():
+        _C.fp8_vcache_quantize(vv, vdt, cv, cdt, c_view(scale, op, "scale")[0], be.stream())
+    return codes, scale
+
+
+def fp8_vcache_append(v_new, codes, scale, lengths, *, block_table=None) -> None:
+    """Appends N new values per sequence to the FP8 V cache (codes [B, T, H_kv, Dv], scale [B,
+    H_kv, Dv] float32), in place: v_new [B, N, H_kv, Dv] (float32 / float16 / bfloat16) becomes
+    tokens lengths[b] .. lengths[b] + N - 1 (lengths: int32 [B] or a list, each in 0..T-N).
+    Per channel, a = finite amax of the new values: a <= fmax * scale keeps the scale; otherwise
+    the scale becomes the power-of-two scale of a (as fp8_vcache_quantize) and every cached token
+    t < lengths[b] is re-encoded from its value fp8(code) * old scale. A cache of zero scales
+    and lengths becomes fp8_vcache_quantize of what is appended (docs/decode_attention.md).
+    ``block_table``: a paged cache, codes [pages, page_size, H_kv, Dv] (as
+    attn_forward_decode_nf4's)."""
+    op = "fp8_vcache_append"
+    v_new = _arr(v_new, op, "v_new", _FLOAT_DTYPES, 4, float_default=True)
+    codes = _arr(codes, op, "codes", _RESIDUAL_DTYPES, 4)
+    scale = _arr(scale, op, "scale", ("float32",), 3)
+    be = Backend(v_new, op, "v_new")
+    lengths = _lengths(be, lengths, op, "lengths")
+    for arg, a in (("codes", codes), ("scale", scale), ("lengths", lengths)):
+        same_backend(v_new, a, op, arg)
+    block_table = _table(v_new, block_table, op)
+    vv, vdt = c_view(v_new, op, "v_new")
+    cv, cdt = c_view(codes, op, "codes")
+    with be.guard():
+        _C.fp8_vcache_append(vv, vdt, cv, cdt, c_view(scale, op, "scale")[0], c_view(lengths, op, "lengths")[0],
+                             None if block_table is None else c_view(block_table, op, "block_table")[0], be.stream())

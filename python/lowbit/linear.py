@@ -1,8 +1,9 @@
 """Dense low-precision linears (C++: include/lowbit/linear.hpp; docs/linear.md).
 
 ``C[M, N] = A[M, K] @ B[N, K]^T (+ bias[N])`` with MXFP4 weights (mxfp4_gemm: the grouped MXFP4
-GEMM's sm_90a kernel with one group on CUDA tensors) or NVFP4 weights (nvfp4_gemm: CPU reference
-only so far; CUDA tensors raise NotImplementedError). Host arrays run the CPU reference (exact
+GEMM's sm_90a kernel with one group on CUDA tensors) or NVFP4 weights (nvfp4_gemm: the NVFP4 dual
+GEMM's mainloop on CUDA tensors, N % 128 == 0 and K % 64 == 0). Both take weights prepacked once at
+load time (mxfp4_gemm_prepack, nvfp4_gemm_prepack). Host arrays run the CPU reference (exact
 dequantization, fp64 sums); CUDA tensors run on the current torch stream.
 """
 
@@ -35,10 +36,31 @@ def _bias(bias, be: Backend, op):
     return c_view(bias, op, "bias")
 
 
-def _out(out, be: Backend, M, N, out_dtype, op):
-    if out is None:
-        out = be.empty((M, N), dtype_name(out_dtype, op, "out_dtype"))
-    return out
+def _out(out, be: Backend, M, b, b_packed, n, out_dtype, op):
+    """The output [M, N] (allocated when `out` is None): N from b [N, K/2], or `n` with b_packed."""
+    if out is not None:
+        return out
+    if b_packed:
+        if n is None:
+            raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
+        N = check_int(n, op, "n", 0)
+    else:
+        if not hasattr(b, "shape") or len(b.shape) != 2:
+            raise ValueError(f"{op}: argument 'b': expected [N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
+        N = int(b.shape[0])
+        if n is not None and check_int(n, op, "n", 0) != N:
+            raise ValueError(f"{op}: argument 'n': n = {n} does not match b's N = {N}")
+    return be.empty((M, N), dtype_name(out_dtype, op, "out_dtype"))
+
+
+def _weight_codes(b, b_scale, op):
+    """b [N, K/2] as bytes, b_scale present: the argument checks of the two prepack calls."""
+    _required(b, op, "b")
+    _required(b_scale, op, "b_scale")
+    b = _bytes(b, op, "b")
+    if b.ndim != 2:
+        raise ValueError(f"{op}: argument 'b': expected [N, K/2], got shape {tuple(b.shape)}")
+    return b
 
 
 def mxfp4_gemm_prepack(b, b_scale, *, b_scale_layout: str = "row_major"):
@@ -47,11 +69,7 @@ def mxfp4_gemm_prepack(b, b_scale, *, b_scale_layout: str = "row_major"):
     [Np, Kp/2], packed_scale uint8 [Np, Kp/32]) with Np = N rounded up to 128 and Kp = K rounded
     up to 256 (group_gemm_mxfp4_prepack of one group; lossless), on b's device."""
     op = "mxfp4_gemm_prepack"
-    _required(b, op, "b")
-    _required(b_scale, op, "b_scale")
-    b = _bytes(b, op, "b")
-    if b.ndim != 2:
-        raise ValueError(f"{op}: argument 'b': expected [N, K/2], got shape {tuple(b.shape)}")
+    b = _weight_codes(b, b_scale, op)
     pb, ps = group_gemm_mxfp4_prepack(b[None], b_scale, b_scale_layout=b_scale_layout)
     return pb[0], ps[0]
 
@@ -86,18 +104,7 @@ def mxfp4_gemm(a, b, b_scale, *, a_scale=None, bias=None, a_scale_layout: str = 
         same_backend(a, v, op, arg)
     av, adt = c_view(a, op, "a")
     M, K = int(a.shape[0]), int(a.shape[1])
-    if out is None:
-        if b_packed:
-            if n is None:
-                raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
-            N = check_int(n, op, "n", 0)
-        else:
-            if not hasattr(b, "shape") or len(b.shape) != 2:
-                raise ValueError(f"{op}: argument 'b': expected [N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
-            N = int(b.shape[0])
-            if n is not None and check_int(n, op, "n", 0) != N:
-                raise ValueError(f"{op}: argument 'n': n = {n} does not match b's N = {N}")
-        out = _out(out, be, M, N, out_dtype, op)
+    out = _out(out, be, M, b, b_packed, n, out_dtype, op)
     ov, odt = c_view(out, op, "out")
     akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
     bkind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
@@ -114,9 +121,32 @@ def mxfp4_gemm(a, b, b_scale, *, a_scale=None, bias=None, a_scale_layout: str = 
     return out
 
 
+def nvfp4_gemm_prepack(b, b_scale, *, b_scale_layout: str = "row_major"):
+    """Prepares dense NVFP4 weights once (load time) for ``nvfp4_gemm(..., b_packed=True)``:
+    b [N, K/2] (E2M1 codes) and b_scale (E4M3 N x K/16, "row_major" or "blocked128x4") -> packed
+    uint8 [nvfp4_gemm_packed_bytes(N, K)] on b's device: 64 x 64 chunks of the CUDA kernel's
+    fragments and scales (N % 128 == 0, K % 64 == 0). CPU and CUDA give the same bytes; lossless
+    (a call with them gives the bits of the call without)."""
+    op = "nvfp4_gemm_prepack"
+    b = _weight_codes(b, b_scale, op)
+    be = Backend(b, op, "b")
+    same_backend(b, b_scale, op, "b_scale")
+    N, K = int(b.shape[0]), 2 * int(b.shape[1])
+    kind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
+    shapes = _dense_scale_shapes(N, K // 16, kind == _KINDS["blocked128x4"]) if K % 16 == 0 else None
+    if N < 1 or N % 128 or K < 1 or K % 64:  # as the C++ check, before the packed size is asked for
+        raise ValueError(f"{op}: argument 'b': prepacked NVFP4 weights need N a positive multiple of 128 and K of 64 "
+                         f"(the CUDA kernel's tiles), got N = {N}, K = {K}")
+    packed = be.empty((_C.nvfp4_gemm_packed_bytes(N, K),), "uint8")
+    with be.guard():
+        _C.nvfp4_gemm_prepack(c_export(b), _cb(b_scale, op, "b_scale", shapes), kind, c_view(packed, op, "packed")[0],
+                              stream=be.stream())
+    return packed
+
+
 def nvfp4_gemm(a, b, b_scale, *, a_scale=None, amax_a=None, amax_b=None, bias=None,
-               a_scale_layout: str = "row_major", b_scale_layout: str = "row_major", out=None,
-               out_dtype="bfloat16"):
+               a_scale_layout: str = "row_major", b_scale_layout: str = "row_major", b_packed: bool = False,
+               n: int | None = None, out=None, out_dtype="bfloat16"):
     """Dense NVFP4 linear::
 
         C[m, n] = (sum_k A[m, k] * B[n, k]) * sa * sb  (+ bias[n])
@@ -127,11 +157,15 @@ def nvfp4_gemm(a, b, b_scale, *, a_scale=None, amax_a=None, amax_b=None, bias=No
     else 1. A is bfloat16 [M, K] (W4A16, sa = 1) or NVFP4 codes [M, K/2] with ``a_scale`` E4M3
     M x K/16 and optional ``amax_a`` (sa likewise). Dot products in fp64 rounded once to fp32,
     times sa * sb, + bias in fp32, C rounded to ``out_dtype`` (bfloat16 or float16).
-    K % 16 == 0, N >= 1, any M. CPU only: CUDA tensors raise NotImplementedError (no CUDA kernel
-    yet). Returns C [M, N]."""
+    K % 16 == 0, N >= 1, any M. ``b_packed=True``: b is nvfp4_gemm_prepack's output, ``b_scale``
+    None, N is ``out.shape[1]`` or ``n``. CUDA tensors run the sm_90a kernel (N % 128 == 0,
+    K % 64 == 0; other shapes raise NotImplementedError naming the constraint; no host
+    synchronisation, CUDA-graph safe). Returns C [M, N]."""
     op = "nvfp4_gemm"
-    for arg, v in (("a", a), ("b", b), ("b_scale", b_scale)):
+    for arg, v in (("a", a), ("b", b)) + ((("b_scale", b_scale),) if not b_packed else ()):
         _required(v, op, arg)
+    if b_packed and b_scale is not None:
+        raise ValueError(f"{op}: argument 'b_scale': must be None with b_packed=True (the packed weights hold the scales)")
     _writable(out, op)
     a = as_array(a, op, "a", float_default=False)
     be = Backend(a, op, "a")
@@ -151,23 +185,21 @@ def nvfp4_gemm(a, b, b_scale, *, a_scale=None, amax_a=None, amax_b=None, bias=No
         av, adt = c_export(_bytes(a, op, "a")), _C.DType.uint8
     M = int(a.shape[0])
     K = int(a.shape[1]) if bf16 else 2 * int(a.shape[1])
-    if out is None:
-        if not hasattr(b, "shape") or len(b.shape) != 2:
-            raise ValueError(f"{op}: argument 'b': expected [N, K/2], got {getattr(b, 'shape', type(b).__name__)}")
-        out = _out(out, be, M, int(b.shape[0]), out_dtype, op)
+    out = _out(out, be, M, b, b_packed, n, out_dtype, op)
     ov, odt = c_view(out, op, "out")
     akind = _choice(a_scale_layout, _KINDS, "a_scale_layout", op)
     bkind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
     a_shapes = _dense_scale_shapes(M, K // 16, akind == _KINDS["blocked128x4"]) if K % 16 == 0 else None
     b_shapes = None
-    if hasattr(b, "shape") and len(b.shape) == 2 and K % 16 == 0:
+    if not b_packed and hasattr(b, "shape") and len(b.shape) == 2 and K % 16 == 0:
         b_shapes = _dense_scale_shapes(int(b.shape[0]), K // 16, bkind == _KINDS["blocked128x4"])
     bv, bdt = _bias(bias, be, op)
     with be.guard():
         _C.nvfp4_gemm(av, adt, None if a_scale is None else _cb(a_scale, op, "a_scale", a_shapes), akind,
-                      _f32(amax_a, be, op, "amax_a"), _cb(b, op, "b"), _cb(b_scale, op, "b_scale", b_shapes), bkind,
-                      _f32(amax_b, be, op, "amax_b"), bv, bdt, ov, odt, stream=be.stream())
+                      _f32(amax_a, be, op, "amax_a"), _cb(b, op, "b"),
+                      None if b_scale is None else _cb(b_scale, op, "b_scale", b_shapes), bkind,
+                      _f32(amax_b, be, op, "amax_b"), bv, bdt, ov, odt, b_packed=bool(b_packed), stream=be.stream())
     return out
 
 
-__all__ = ["mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm", "MXFP4_PACK_ROWS", "MXFP4_PACK_K"]
+__all__ = ["mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm", "nvfp4_gemm_prepack", "MXFP4_PACK_ROWS", "MXFP4_PACK_K"]

@@ -52,7 +52,7 @@ class _QuantLinear(nn.Module):
     fmt = ""
     block = 0
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None, prepack: bool = True):
         super().__init__()
         if in_features <= 0 or in_features % self.block:
             raise ValueError(f"{type(self).__name__}: in_features = {in_features} must be a positive multiple of "
@@ -62,6 +62,29 @@ class _QuantLinear(nn.Module):
         self.register_buffer("weight_scale", torch.zeros(out_features, in_features // self.block,
                                                          dtype=self._scale_dtype, device=device))
         self.register_buffer("bias", torch.zeros(out_features, dtype=torch.float32, device=device) if bias else None)
+        # the CUDA kernels' layout of the weights, made once (prepack()); not in the state_dict
+        self.prepacked = bool(prepack)
+        self.register_buffer("packed_weight", torch.zeros(0, dtype=torch.uint8, device=device), persistent=False)
+        self.register_buffer("packed_scale", torch.zeros(0, dtype=torch.uint8, device=device), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.prepack())
+
+    def prepack(self) -> None:
+        """Lays qweight / weight_scale out once in the CUDA kernel's layout (nvfp4_gemm_prepack /
+        mxfp4_gemm_prepack) into the non-persistent buffers packed_weight (and packed_scale), which
+        forward uses on CUDA tensors: the same bits as the plain call, without the per-call prepack
+        (NVFP4) or with the kernel's faster packed path (MXFP4). The packed bytes take about as much
+        memory as qweight + weight_scale. Called by from_linear, quantize_model, load_quantized and
+        after load_state_dict; call it again after changing qweight / weight_scale in place. Clears
+        the buffers when the layer was made with prepack=False or the kernel does not take its shape
+        (cuda_skip_reason)."""
+        empty = torch.zeros(0, dtype=torch.uint8, device=self.qweight.device)
+        self.packed_weight, self.packed_scale = empty, empty
+        if self.prepacked and cuda_skip_reason(self.fmt, self.in_features, self.out_features) is None:
+            with torch.no_grad():
+                self._prepack()
+
+    def _use_packed(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and self.packed_weight.numel() > 0
 
     def _set_bias(self, bias):
         if bias is not None:
@@ -100,9 +123,13 @@ class NVFP4Linear(_QuantLinear):
     fmt, block = "nvfp4", 16
     _scale_dtype = torch.float8_e4m3fn
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None):
-        super().__init__(in_features, out_features, bias, device)
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None, prepack: bool = True):
+        super().__init__(in_features, out_features, bias, device, prepack)
         self.register_buffer("weight_global_amax", torch.ones(1, dtype=torch.float32, device=device))
+
+    def _prepack(self):
+        from .linear import nvfp4_gemm_prepack
+        self.packed_weight = nvfp4_gemm_prepack(self.qweight, self.weight_scale)
 
     def _amax(self):
         return self.weight_global_amax
@@ -116,12 +143,17 @@ class NVFP4Linear(_QuantLinear):
         m.weight_scale.copy_(qt.scales)
         m.weight_global_amax.copy_(qt.global_amax.reshape(1))
         m._set_bias(linear.bias)
+        m.prepack()
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, out_dtype = _gemm_in(x, self.in_features, "NVFP4Linear")
-        y = torch.ops.lowbit.nvfp4_gemm(a, self.qweight, self.weight_scale, None, None, self.weight_global_amax,
-                                        self.bias, "row_major", "row_major", out_dtype)
+        if self._use_packed(x):
+            y = torch.ops.lowbit.nvfp4_gemm(a, self.packed_weight, None, None, None, self.weight_global_amax, self.bias,
+                                            "row_major", "row_major", out_dtype, True, self.out_features)
+        else:
+            y = torch.ops.lowbit.nvfp4_gemm(a, self.qweight, self.weight_scale, None, None, self.weight_global_amax,
+                                            self.bias, "row_major", "row_major", out_dtype)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
@@ -136,13 +168,18 @@ class MXFP4Linear(_QuantLinear):
     fmt, block = "mxfp4", 32
     _scale_dtype = torch.float8_e8m0fnu
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None, act: str = "bf16"):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None, act: str = "bf16",
+                 prepack: bool = True):
         if act not in ("bf16", "mxfp8"):
             raise ValueError(f"MXFP4Linear: act must be 'bf16' or 'mxfp8', got {act!r}")
         if out_features % 8:
             raise ValueError(f"MXFP4Linear: out_features = {out_features} must be a multiple of 8")
-        super().__init__(in_features, out_features, bias, device)
+        super().__init__(in_features, out_features, bias, device, prepack)
         self.act = act
+
+    def _prepack(self):
+        from .linear import mxfp4_gemm_prepack
+        self.packed_weight, self.packed_scale = mxfp4_gemm_prepack(self.qweight, self.weight_scale)
 
     def _extra(self) -> str:
         return f", act={self.act}"
@@ -156,6 +193,7 @@ class MXFP4Linear(_QuantLinear):
         m.qweight.copy_(qt.data)
         m.weight_scale.copy_(qt.scales.view(torch.float8_e8m0fnu) if qt.scales.dtype == torch.uint8 else qt.scales)
         m._set_bias(linear.bias)
+        m.prepack()
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,8 +201,12 @@ class MXFP4Linear(_QuantLinear):
         a_scale = None
         if self.act == "mxfp8":
             a, a_scale = torch.ops.lowbit.mxfp8_quantize(a)
-        y = torch.ops.lowbit.mxfp4_gemm(a, self.qweight, self.weight_scale, a_scale, self.bias, "row_major",
-                                        "row_major", False, None, out_dtype)
+        if self._use_packed(x):
+            y = torch.ops.lowbit.mxfp4_gemm(a, self.packed_weight, self.packed_scale, a_scale, self.bias, "row_major",
+                                            "row_major", True, self.out_features, out_dtype)
+        else:
+            y = torch.ops.lowbit.mxfp4_gemm(a, self.qweight, self.weight_scale, a_scale, self.bias, "row_major",
+                                            "row_major", False, None, out_dtype)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
@@ -178,10 +220,12 @@ class GptOssExperts(nn.Module):
 
     Buffers: w1 uint8 [E, 2I, H/2], w1_scale float8_e8m0fnu [E, 2I, H/32], b1 float32 [E, 2I],
     w2 uint8 [E, H, I/2], w2_scale float8_e8m0fnu [E, H, I/32], b2 float32 [E, H] (the layout of
-    `lowbit convert-gpt-oss`). act "bf16" (W4A16) or "mxfp8" (W4A8). H and I multiples of 32."""
+    `lowbit convert-gpt-oss`). act "bf16" (W4A16) or "mxfp8" (W4A8). H and I multiples of 32.
+    prepack (default True): the weights are also laid out once for the kernel's packed path
+    (prepack(), non-persistent buffers, as the linears do), which forward takes on CUDA tensors."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, alpha: float = 1.702,
-                 limit: float = 7.0, act: str = "bf16", device=None):
+                 limit: float = 7.0, act: str = "bf16", device=None, prepack: bool = True):
         super().__init__()
         E, H, I = int(num_experts), int(hidden_size), int(intermediate_size)
         if H <= 0 or I <= 0 or H % 32 or I % 32:
@@ -196,6 +240,24 @@ class GptOssExperts(nn.Module):
                                 ("b1", (E, 2 * I), torch.float32), ("w2", (E, H, I // 2), u8),
                                 ("w2_scale", (E, H, I // 32), e8), ("b2", (E, H), torch.float32)):
             self.register_buffer(name, torch.zeros(shape, dtype=dt, device=device))
+        self.prepacked = bool(prepack)
+        for name in ("w1_packed", "w1_scale_packed", "w2_packed", "w2_scale_packed"):
+            self.register_buffer(name, torch.zeros(0, dtype=u8, device=device), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.prepack())
+
+    def prepack(self) -> None:
+        """w1 / w2 and their scales laid out once by group_gemm_mxfp4_prepack (lossless, the same
+        results) into the non-persistent *_packed buffers; called by from_experts and after
+        load_state_dict; call it again after changing the weights in place."""
+        from .gemm import group_gemm_mxfp4_prepack
+        empty = torch.zeros(0, dtype=torch.uint8, device=self.w1.device)
+        self.w1_packed = self.w1_scale_packed = self.w2_packed = self.w2_scale_packed = empty
+        if self.prepacked:
+            with torch.no_grad():
+                self.w1_packed, self.w1_scale_packed = group_gemm_mxfp4_prepack(self.w1, self.w1_scale,
+                                                                                b_scale_layout="row_major")
+                self.w2_packed, self.w2_scale_packed = group_gemm_mxfp4_prepack(self.w2, self.w2_scale,
+                                                                                b_scale_layout="row_major")
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
@@ -216,6 +278,7 @@ class GptOssExperts(nn.Module):
             getattr(m, names[0]).copy_(qt.data)
             getattr(m, names[1]).copy_(qt.scales.view(torch.float8_e8m0fnu))
             getattr(m, names[2]).copy_(b.detach().float())
+        m.prepack()
         return m
 
     def forward(self, hidden_states: torch.Tensor, router_indices: torch.Tensor,
@@ -226,8 +289,13 @@ class GptOssExperts(nn.Module):
         x2 = x.reshape(-1, self.hidden_size).contiguous()
         ids = router_indices.reshape(x2.shape[0], -1).to(torch.int32)
         wts = routing_weights.reshape(x2.shape[0], -1).float().contiguous()
-        y = torch.ops.lowbit.gpt_oss_moe_mlp(x2, ids, wts, self.w1, self.w1_scale, self.b1, self.w2, self.w2_scale,
-                                             self.b2, self.alpha, self.limit, self.act, False)
+        if x.is_cuda and self.w1_packed.numel() > 0:
+            y = torch.ops.lowbit.gpt_oss_moe_mlp(x2, ids, wts, self.w1_packed, self.w1_scale_packed, self.b1,
+                                                 self.w2_packed, self.w2_scale_packed, self.b2, self.alpha, self.limit,
+                                                 self.act, True)
+        else:
+            y = torch.ops.lowbit.gpt_oss_moe_mlp(x2, ids, wts, self.w1, self.w1_scale, self.b1, self.w2,
+                                                 self.w2_scale, self.b2, self.alpha, self.limit, self.act, False)
         return y.reshape(x.shape)
 
 

@@ -24,19 +24,22 @@ Importing this module registers (torch >= 2.4):
     torch.ops.lowbit.quantize_mxfp8_attn(x, layout="bshd", rounding="rceil") -> (codes, scales)
     torch.ops.lowbit.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, seq_lens=None,
         precomputed_threshold=None, block_size=64, sub_block_size=16, delta=8.0,
-        use_fp8_residual=True, softmax_scale=None) -> (out, skip_ratio)
+        use_fp8_residual=True, softmax_scale=None, v_scale=None, block_table=None) -> (out, skip_ratio)
     torch.ops.lowbit.kproj_rope_nf4_encode(x, w_k, positions, head_dim, rope_theta=10000.0,
         residual_dtype="float8_e5m2") -> (k_nf4, k_scale, k_residual)
-    torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths) -> ()
+    torch.ops.lowbit.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths, block_table=None) -> ()
         (mutates k_nf4, k_scale and k_residual)
+    torch.ops.lowbit.fp8_vcache_quantize(v, dtype="float8_e4m3fn") -> (codes, scale)
+    torch.ops.lowbit.fp8_vcache_append(v_new, codes, scale, lengths, block_table=None) -> ()
+        (mutates codes and scale)
     torch.ops.lowbit.mxfp4_gemm / nvfp4_gemm (the dense linears), gpt_oss_moe_mlp (the gpt-oss
         expert MLP), group_gemm_mxfp4_nt_groupwise (the grouped GEMM, its three row layouts) and
         gpt_oss_expert_mlp (the expert MLP over expert-grouped rows): signatures at their
         definitions below
 
 The NF4 K-cache decode ops (lowbit.decode_attention) run their sm_90a kernels on CUDA tensors;
-nf4_kcache_append copies its lengths to the host to validate them: a host synchronisation, the
-one exception to the graph capture below.
+nf4_kcache_append and fp8_vcache_append copy their lengths to the host to validate them: a host
+synchronisation, the one exception to the graph capture below.
 
 Arguments, formulas and output dtypes are those of the lowbit functions of the same names
 (lowbit.quantize etc.; 0 / "" select a format's default block / rule / scale dtype). Every op
@@ -51,6 +54,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import _C
 from . import attention as _attn
 from . import decode_attention as _dec
 from . import ops as _ops
@@ -275,10 +279,12 @@ def _(x, layout="bshd", rounding="rceil"):
 def attn_forward_decode_nf4(q: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residual: Optional[Tensor], v: Tensor,
                             seq_lens: Optional[Tensor] = None, precomputed_threshold: Optional[Tensor] = None,
                             block_size: int = 64, sub_block_size: int = 16, delta: float = 8.0,
-                            use_fp8_residual: bool = True,
-                            softmax_scale: Optional[float] = None) -> Tuple[Tensor, Tensor]:
-    return _dec.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, seq_lens=seq_lens, block_size=block_size,
-                                        sub_block_size=sub_block_size, delta=delta,
+                            use_fp8_residual: bool = True, softmax_scale: Optional[float] = None,
+                            v_scale: Optional[Tensor] = None,
+                            block_table: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    return _dec.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, v_scale=v_scale, seq_lens=seq_lens,
+                                        block_table=block_table,
+                                        block_size=block_size, sub_block_size=sub_block_size, delta=delta,
                                         precomputed_threshold=precomputed_threshold,
                                         use_fp8_residual=use_fp8_residual, return_skip_ratio=True,
                                         softmax_scale=softmax_scale)
@@ -286,7 +292,7 @@ def attn_forward_decode_nf4(q: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residua
 
 @attn_forward_decode_nf4.register_fake
 def _(q, k_nf4, k_scale, k_residual, v, seq_lens=None, precomputed_threshold=None, block_size=64, sub_block_size=16,
-      delta=8.0, use_fp8_residual=True, softmax_scale=None):
+      delta=8.0, use_fp8_residual=True, softmax_scale=None, v_scale=None, block_table=None):
     b, _, h, _ = q.shape
     return (q.new_empty((b, h, v.shape[3]), dtype=torch.bfloat16),
             q.new_empty((b, k_nf4.shape[2]), dtype=torch.float32))
@@ -309,23 +315,48 @@ def _(x, w_k, positions, head_dim, rope_theta=10000.0, residual_dtype="float8_e5
 
 
 @torch.library.custom_op("lowbit::nf4_kcache_append", mutates_args=("k_nf4", "k_scale", "k_residual"))
-def nf4_kcache_append(k_new: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residual: Tensor, lengths: Tensor) -> None:
-    _dec.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths)
+def nf4_kcache_append(k_new: Tensor, k_nf4: Tensor, k_scale: Tensor, k_residual: Tensor, lengths: Tensor,
+                      block_table: Optional[Tensor] = None) -> None:
+    _dec.nf4_kcache_append(k_new, k_nf4, k_scale, k_residual, lengths, block_table=block_table)
 
 
 @nf4_kcache_append.register_fake
-def _(k_new, k_nf4, k_scale, k_residual, lengths):
+def _(k_new, k_nf4, k_scale, k_residual, lengths, block_table=None):
+    return None
+
+
+@torch.library.custom_op("lowbit::fp8_vcache_quantize", mutates_args=())
+def fp8_vcache_quantize(v: Tensor, dtype: str = "float8_e4m3fn") -> Tuple[Tensor, Tensor]:
+    return _dec.fp8_vcache_quantize(v, dtype)
+
+
+@fp8_vcache_quantize.register_fake
+def _(v, dtype="float8_e4m3fn"):
+    b, t, h, d = v.shape
+    return v.new_empty((b, t, h, d), dtype=_CODE_DTYPES[dtype]), v.new_empty((b, h, d), dtype=torch.float32)
+
+
+@torch.library.custom_op("lowbit::fp8_vcache_append", mutates_args=("codes", "scale"))
+def fp8_vcache_append(v_new: Tensor, codes: Tensor, scale: Tensor, lengths: Tensor,
+                      block_table: Optional[Tensor] = None) -> None:
+    _dec.fp8_vcache_append(v_new, codes, scale, lengths, block_table=block_table)
+
+
+@fp8_vcache_append.register_fake
+def _(v_new, codes, scale, lengths, block_table=None):
     return None
 
 
 # ---------------------------------------------------------------------------------------------
 # dense linears (lowbit.linear): mxfp4_gemm (CUDA: the grouped MXFP4 kernel with one group),
-# nvfp4_gemm (CPU reference only; CUDA tensors raise NotImplementedError)
+# nvfp4_gemm (CUDA: the NVFP4 dual GEMM's mainloop; docs/linear.md)
 #
 #   torch.ops.lowbit.mxfp4_gemm(a, b, b_scale, a_scale=None, bias=None, a_scale_layout="row_major",
 #       b_scale_layout="row_major", b_packed=False, n=None, out_dtype=torch.bfloat16) -> c [M, N]
 #   torch.ops.lowbit.nvfp4_gemm(a, b, b_scale, a_scale=None, amax_a=None, amax_b=None, bias=None,
-#       a_scale_layout="row_major", b_scale_layout="row_major", out_dtype=torch.bfloat16) -> c [M, N]
+#       a_scale_layout="row_major", b_scale_layout="row_major", out_dtype=torch.bfloat16, b_packed=False,
+#       n=None) -> c [M, N]
+#   torch.ops.lowbit.nvfp4_gemm_prepack(b, b_scale, b_scale_layout="row_major") -> packed uint8
 
 from . import linear as _linear  # noqa: E402
 
@@ -347,18 +378,29 @@ def _(a, b, b_scale, a_scale=None, bias=None, a_scale_layout="row_major", b_scal
 
 
 @torch.library.custom_op("lowbit::nvfp4_gemm", mutates_args=())
-def nvfp4_gemm(a: Tensor, b: Tensor, b_scale: Tensor, a_scale: Optional[Tensor] = None,
+def nvfp4_gemm(a: Tensor, b: Tensor, b_scale: Optional[Tensor], a_scale: Optional[Tensor] = None,
                amax_a: Optional[Tensor] = None, amax_b: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                a_scale_layout: str = "row_major", b_scale_layout: str = "row_major",
-               out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, b_packed: bool = False, n: Optional[int] = None) -> Tensor:
     return _linear.nvfp4_gemm(a, b, b_scale, a_scale=a_scale, amax_a=amax_a, amax_b=amax_b, bias=bias,
-                              a_scale_layout=a_scale_layout, b_scale_layout=b_scale_layout, out_dtype=out_dtype)
+                              a_scale_layout=a_scale_layout, b_scale_layout=b_scale_layout, b_packed=b_packed, n=n,
+                              out_dtype=out_dtype)
 
 
 @nvfp4_gemm.register_fake
 def _(a, b, b_scale, a_scale=None, amax_a=None, amax_b=None, bias=None, a_scale_layout="row_major",
-      b_scale_layout="row_major", out_dtype=torch.bfloat16):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+      b_scale_layout="row_major", out_dtype=torch.bfloat16, b_packed=False, n=None):
+    return a.new_empty((a.shape[0], n if b_packed else b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("lowbit::nvfp4_gemm_prepack", mutates_args=())
+def nvfp4_gemm_prepack(b: Tensor, b_scale: Tensor, b_scale_layout: str = "row_major") -> Tensor:
+    return _linear.nvfp4_gemm_prepack(b, b_scale, b_scale_layout=b_scale_layout)
+
+
+@nvfp4_gemm_prepack.register_fake
+def _(b, b_scale, b_scale_layout="row_major"):
+    return b.new_empty((_C.nvfp4_gemm_packed_bytes(b.shape[0], 2 * b.shape[1]),), dtype=torch.uint8)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // src/api/decode_attention.cpp: argument validation and dispatch of the NF4 K-cache decode ops
-// (lowbit/decode_attention.hpp): attn_forward_decode_nf4, kproj_rope_nf4_encode and
-// nf4_kcache_append. Every argument is checked before anything is written; CPU tensors then run
+// (lowbit/decode_attention.hpp): attn_forward_decode_nf4, kproj_rope_nf4_encode,
+// nf4_kcache_append, and the FP8 V cache's fp8_vcache_quantize and fp8_vcache_append. Every argument is checked before anything is written; CPU tensors then run
 // the reference (src/ref/ref_decode_attention.cpp, src/ref/ref_kcache_encode.cpp), CUDA tensors
 // the sm_90a kernels (src/cuda/attention/launch_decode.hpp: sm90_nf4_decode.cu,
 // sm90_nf4_encode.cu) through run_on_device (CUDA + CUTLASS builds; NotSupportedError otherwise).
@@ -49,10 +49,75 @@ std::vector<int32_t> host_lengths(const Checker& c, const TensorView& t, const c
   return v;
 }
 
+/// A paged cache's block table (int32 [B, max_pages], contiguous) and geometry: the cache tensors'
+/// first dimension is the page count, their second the page size (a power of two, named after
+/// `cache_arg`, the tensor that gives it). Returns the tokens a sequence may hold, max_pages *
+/// page_size; `pg` gets the geometry (its table pointer is set by the caller).
+int64_t page_geometry(Checker& c, const TensorView& block_table, int64_t B, int64_t pages, int64_t page_size,
+                      const char* cache_arg, CachePages& pg) {
+  c.require(block_table, Req("block_table").dtypes({DType::kInt32}).rank(2, "[B, max_pages]").contiguous("block_table"));
+  if (block_table.shape[0] != B)
+    c.fail("block_table", "expected one row per sequence (B = " + std::to_string(B) + "), got " + block_table.describe());
+  if (page_size < 1 || page_size > (int64_t(1) << 30) || (page_size & (page_size - 1)) != 0)
+    c.fail(cache_arg, "the page size (second dimension) must be a power of two, got " + std::to_string(page_size));
+  if (pages < 1) c.fail(cache_arg, "expected at least one page, got " + std::to_string(pages));
+  const int64_t max_pages = block_table.shape[1];
+  if (max_pages < 1 || max_pages > (int64_t(1) << 40) / page_size)
+    c.fail("block_table", "expected 1 .. 2^40 / page_size pages per sequence, got " + block_table.describe());
+  pg.table_stride = max_pages;
+  pg.pages = pages;
+  pg.shift = 0;
+  while ((int64_t(1) << pg.shift) < page_size) ++pg.shift;
+  return max_pages * page_size;
+}
+
+/// Every page a sequence of lens[b] + extra tokens uses (host copies) is a page id in [0, pages).
+void check_pages(const Checker& c, const int32_t* table, const CachePages& pg, const std::vector<int32_t>& lens,
+                 int64_t extra = 0) {
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const int64_t used = (int64_t(lens[b]) + extra + (int64_t(1) << pg.shift) - 1) >> pg.shift;
+    for (int64_t i = 0; i < used; ++i) {
+      const int32_t id = table[int64_t(b) * pg.table_stride + i];
+      if (id < 0 || id >= pg.pages)
+        c.fail("block_table", "entry [" + std::to_string(b) + ", " + std::to_string(i) + "] is " + std::to_string(id) +
+                                  ", expected a page id in 0.." + std::to_string(pg.pages - 1));
+    }
+  }
+}
+
+/// What an append validates on the host and its CPU path reads: the lengths (each in 0..T-N) and,
+/// for a paged cache, the block table (every page of lengths[b] + N tokens a valid id). CUDA
+/// tensors are copied from the device first (a stream-ordered copy and a wait each: the appends
+/// cannot be captured in a CUDA graph); host tensors are copied once and read from the copies.
+struct AppendHost {
+  std::vector<int32_t> lens, table;
+};
+AppendHost append_host(const Checker& c, const TensorView& lengths, const TensorView& block_table, const CachePages& pg,
+                       int64_t B, int64_t N, int64_t T, Stream stream) {
+  AppendHost h;
+  h.lens.resize(static_cast<size_t>(B));
+  if (block_table.present()) h.table.resize(static_cast<size_t>(B * pg.table_stride));
+  if (c.dev != Device::kCPU) {
+    run_on_device<Kernels::kSm90Gemm>(c, [&] {
+      int e = B > 0 ? cuda::read_int32(lengths.ptr<const int32_t>(), B, h.lens.data(), stream.handle) : 0;
+      if (e == 0 && !h.table.empty())
+        e = cuda::read_int32(block_table.ptr<const int32_t>(), int64_t(h.table.size()), h.table.data(), stream.handle);
+      return e;
+    });
+  } else {
+    if (B > 0) std::memcpy(h.lens.data(), lengths.data, h.lens.size() * sizeof(int32_t));
+    if (!h.table.empty()) std::memcpy(h.table.data(), block_table.data, h.table.size() * sizeof(int32_t));
+  }
+  check_lengths(c, h.lens, "lengths", B, 0, T - N);
+  if (!h.table.empty()) check_pages(c, h.table.data(), pg, h.lens, N);
+  return h;
+}
+
 }  // namespace
 
 void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const TensorView& k_scale,
-                             const TensorView& k_residual, const TensorView& v, const TensorView& seq_lens,
+                             const TensorView& k_residual, const TensorView& v, const TensorView& v_scale,
+                             const TensorView& seq_lens, const TensorView& block_table,
                              const TensorView& precomputed_threshold, const TensorView& out,
                              const TensorView& skip_ratio, const DecodeNf4Args& args, Stream stream) {
   Checker c{"attn_forward_decode_nf4"};
@@ -60,23 +125,33 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
   const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3];
   if (q.shape[1] != 1) c.fail("q", "expected one query token per sequence ([B, 1, H_q, D]), got " + q.describe());
   check_dim(c, "q", "head dim D", D);
-  c.require(k_nf4, Req("k_nf4").dtypes({DType::kUInt8}).rank(4, "[B, T, H_kv, D/2]"));
-  const int64_t T = k_nf4.shape[1], HK = k_nf4.shape[2];
-  c.shape(k_nf4, "k_nf4", {B, T, HK, D / 2});
+  const bool paged = block_table.present();
+  c.require(k_nf4, Req("k_nf4").dtypes({DType::kUInt8}).rank(4, paged ? "[pages, page_size, H_kv, D/2]" : "[B, T, H_kv, D/2]"));
+  const int64_t N0 = paged ? k_nf4.shape[0] : B, T1 = k_nf4.shape[1], HK = k_nf4.shape[2];
+  c.shape(k_nf4, "k_nf4", {N0, T1, HK, D / 2});
   c.last_contiguous(k_nf4, "k_nf4");
-  if (T < 1) c.fail("k_nf4", "expected T >= 1 cached tokens, got " + k_nf4.describe());
+  if (T1 < 1) c.fail("k_nf4", "expected T >= 1 cached tokens, got " + k_nf4.describe());
+  CachePages pg;
+  const int64_t T = paged ? page_geometry(c, block_table, B, N0, T1, "k_nf4", pg) : T1;
+  if (paged && !seq_lens.present())
+    c.fail("seq_lens", "is required with a block_table (the lengths of the paged sequences)");
   if (HK < 1) c.fail("k_nf4", "expected at least one KV head, got " + k_nf4.describe());
   if (H < 1 || H % HK != 0)
     c.fail("q", "the query heads H_q = " + std::to_string(H) + " must be a positive multiple of the KV heads H_kv = " +
                     std::to_string(HK));
   c.require(k_scale, Req("k_scale").dtypes({DType::kFloat32, DType::kBFloat16}).shape({B, HK, D}).last_contiguous());
   if (args.use_fp8_residual || k_residual.present())
-    c.require(k_residual, Req("k_residual").dtypes(kResidualTypes).shape({B, T, HK, D}).last_contiguous());
-  c.require(v, Req("v").dtypes({DType::kBFloat16}).rank(4, "[B, T, H_kv, Dv]"));
+    c.require(k_residual, Req("k_residual").dtypes(kResidualTypes).shape({N0, T1, HK, D}).last_contiguous());
+  c.require(v, Req("v").dtypes({DType::kBFloat16, DType::kE4M3, DType::kE5M2}).rank(4, "[B, T, H_kv, Dv]"));
   const int64_t DV = v.shape[3];
-  c.shape(v, "v", {B, T, HK, DV});
+  c.shape(v, "v", {N0, T1, HK, DV});
   check_dim(c, "v", "value head dim Dv", DV);
   c.last_contiguous(v, "v");
+  const bool v8 = v.dtype != DType::kBFloat16;
+  if (v8)
+    c.require(v_scale, Req("v_scale").dtypes({DType::kFloat32}).shape({B, HK, DV}).last_contiguous());
+  else if (v_scale.present())
+    c.fail("v_scale", "is only taken with FP8 v (float8_e4m3fn / float8_e5m2); v is bfloat16");
   if (seq_lens.present())
     c.require(seq_lens, Req("seq_lens").dtypes({DType::kInt32}).shape({B}).contiguous("seq_lens"));
   if (precomputed_threshold.present())
@@ -98,7 +173,8 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
     c.fail("nibbles", "expected NibbleOrder::kLowFirst or kHighFirst");
   c.no_overlap({{"out", &out}, {"skip_ratio", &skip_ratio}},
                {{"q", &q}, {"k_nf4", &k_nf4}, {"k_scale", &k_scale}, {"k_residual", &k_residual}, {"v", &v},
-                {"seq_lens", &seq_lens}, {"precomputed_threshold", &precomputed_threshold}});
+                {"v_scale", &v_scale}, {"seq_lens", &seq_lens}, {"block_table", &block_table},
+                {"precomputed_threshold", &precomputed_threshold}});
 
   DecodeNf4Plan p;
   p.batch = B;
@@ -115,6 +191,9 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
   p.scale_dtype = k_scale.dtype;
   p.residual_dtype = k_residual.present() ? k_residual.dtype : DType::kE5M2;
   p.nibbles = args.nibbles;
+  p.v_dtype = v.dtype;
+  p.pages = pg;
+  if (paged) p.pages.table = block_table.ptr<const int32_t>();
   p.has_seq_lens = seq_lens.present();
   p.has_threshold = precomputed_threshold.present();
   p.has_skip_ratio = skip_ratio.present();
@@ -128,13 +207,15 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
     p.ks_stride[i] = k_scale.strides[i];
     p.o_stride[i] = out.strides[i];
     p.sr_stride[i] = skip_ratio.present() ? skip_ratio.strides[i] : 0;
+    p.vs_stride[i] = v8 ? v_scale.strides[i] : 0;
   }
   DecodeNf4Ptrs x;
   x.q = q.ptr<const uint16_t>();
   x.k_nf4 = k_nf4.ptr<const uint8_t>();
   x.k_scale = k_scale.data;
   x.k_residual = k_residual.present() ? k_residual.ptr<const uint8_t>() : nullptr;
-  x.v = v.ptr<const uint16_t>();
+  x.v = v.data;
+  x.v_scale = v8 ? v_scale.ptr<const float>() : nullptr;
   x.threshold = precomputed_threshold.present() ? precomputed_threshold.ptr<const float>() : nullptr;
   x.out = out.ptr<uint16_t>();
   x.skip_ratio = skip_ratio.present() ? skip_ratio.ptr<float>() : nullptr;
@@ -148,6 +229,12 @@ void attn_forward_decode_nf4(const TensorView& q, const TensorView& k_nf4, const
   if (seq_lens.present()) {
     lens = host_lengths(c, seq_lens, "seq_lens", B, 1, T);
     x.seq_lens = lens.data();
+  }
+  std::vector<int32_t> table;  // a host table is copied once, validated and read from the copy
+  if (paged) {
+    table.assign(p.pages.table, p.pages.table + B * p.pages.table_stride);
+    p.pages.table = table.data();
+    check_pages(c, table.data(), p.pages, lens);
   }
   if (B > 0) ref::attn_decode_nf4(p, x);
 }
@@ -221,24 +308,27 @@ void kproj_rope_nf4_encode(const TensorView& x, const TensorView& w_k, const Ten
 }
 
 void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const TensorView& k_scale,
-                       const TensorView& k_residual, const TensorView& lengths, NibbleOrder nibbles, Stream stream) {
+                       const TensorView& k_residual, const TensorView& lengths, const TensorView& block_table,
+                       NibbleOrder nibbles, Stream stream) {
   Checker c{"nf4_kcache_append"};
   c.require(k_new, Req("k_new").dtypes(kFloatTypes).rank(4, "[B, N, H_kv, D]"));
   const int64_t B = k_new.shape[0], N = k_new.shape[1], H = k_new.shape[2], D = k_new.shape[3];
   if (D % 2 != 0) c.fail("k_new", "head dim D = " + std::to_string(D) + " must be even (two NF4 codes per byte)");
-  c.require(k_nf4, Req("k_nf4").dtypes({DType::kUInt8}).rank(4, "[B, T, H_kv, D/2]"));
-  const int64_t T = k_nf4.shape[1];
-  c.shape(k_nf4, "k_nf4", {B, T, H, D / 2});
+  const bool paged = block_table.present();
+  c.require(k_nf4, Req("k_nf4").dtypes({DType::kUInt8}).rank(4, paged ? "[pages, page_size, H_kv, D/2]" : "[B, T, H_kv, D/2]"));
+  const int64_t N0 = paged ? k_nf4.shape[0] : B, T1 = k_nf4.shape[1];
+  c.shape(k_nf4, "k_nf4", {N0, T1, H, D / 2});
+  KCacheAppendPlan p;
+  const int64_t T = paged ? page_geometry(c, block_table, B, N0, T1, "k_nf4", p.pages) : T1;
   if (N > T) c.fail("k_new", "N = " + std::to_string(N) + " new tokens exceed the cache's T = " + std::to_string(T));
   c.require(k_scale, Req("k_scale").dtypes({DType::kFloat32}).shape({B, H, D}));
-  c.require(k_residual, Req("k_residual").dtypes(kResidualTypes).shape({B, T, H, D}));
+  c.require(k_residual, Req("k_residual").dtypes(kResidualTypes).shape({N0, T1, H, D}));
   c.require(lengths, Req("lengths").dtypes({DType::kInt32}).shape({B}).contiguous("lengths"));
   if (nibbles != NibbleOrder::kLowFirst && nibbles != NibbleOrder::kHighFirst)
     c.fail("nibbles", "expected NibbleOrder::kLowFirst or kHighFirst");
   c.no_overlap({{"k_nf4", &k_nf4}, {"k_scale", &k_scale}, {"k_residual", &k_residual}},
-               {{"k_new", &k_new}, {"lengths", &lengths}});
+               {{"k_new", &k_new}, {"lengths", &lengths}, {"block_table", &block_table}});
 
-  KCacheAppendPlan p;
   KCachePlan& kc = p.cache;
   kc.B = B; kc.T = N; kc.H = H; kc.D = D;
   kc.k = k_new.data;
@@ -255,23 +345,87 @@ void nf4_kcache_append(const TensorView& k_new, const TensorView& k_nf4, const T
   for (int i = 0; i < 3; ++i) kc.s_s[i] = k_scale.strides[i];
   kc.order = nibbles;
   p.cache_T = T;
+  AppendHost h = append_host(c, lengths, block_table, p.pages, B, N, T, stream);
+  p.lengths = h.lens.data();
   if (c.dev != Device::kCPU) {
-    // the lengths are validated on the host as on the CPU path: one stream-ordered copy and a
-    // wait (so this op cannot be captured in a CUDA graph); the kernels read the device values,
-    // clamped to 0..T-N, and the host copy sizes their grid
-    std::vector<int32_t> lens(static_cast<size_t>(B));
-    run_on_device<Kernels::kSm90Gemm>(
-        c, [&] { return B > 0 ? cuda::read_int32(lengths.ptr<const int32_t>(), B, lens.data(), stream.handle) : 0; });
-    check_lengths(c, lens, "lengths", B, 0, T - N);
-    p.lengths = lens.data();
     p.lengths_device = lengths.ptr<const int32_t>();
+    if (paged) p.pages.table = block_table.ptr<const int32_t>();
     run_on_device<Kernels::kSm90Gemm>(
         c, [&] { return B > 0 && N > 0 ? cuda::nf4_kcache_append(p, stream.handle) : 0; });
     return;
   }
-  const std::vector<int32_t> lens = host_lengths(c, lengths, "lengths", B, 0, T - N);
-  p.lengths = lens.data();
+  if (paged) p.pages.table = h.table.data();
   if (B > 0 && N > 0) ref::nf4_kcache_append(p);
+}
+
+namespace {
+
+/// The V cache's codes and scale around `v` ([B, T, H, D] values; v_arg is its name): codes [B,
+/// T, H, D], or [pages, page_size, H, D] when paged; *first and *second get the codes' first two
+/// dimensions.
+VCachePlan vcache_plan(Checker& c, const TensorView& v, const char* v_arg, const TensorView& codes, const TensorView& scale,
+                       bool paged, int64_t* first, int64_t* second) {
+  c.require(v, Req(v_arg).dtypes(kFloatTypes).rank(4, "[B, T, H_kv, Dv]"));
+  const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], D = v.shape[3];
+  c.require(codes, Req("codes").dtypes(kResidualTypes).rank(4, paged ? "[pages, page_size, H_kv, Dv]" : "[B, T, H_kv, Dv]"));
+  *first = paged ? codes.shape[0] : B;
+  *second = codes.shape[1];
+  c.shape(codes, "codes", {*first, *second, H, D});
+  c.require(scale, Req("scale").dtypes({DType::kFloat32}).shape({B, H, D}));
+  VCachePlan p;
+  p.B = B; p.T = N; p.H = H; p.D = D;
+  p.v = v.data;
+  p.v_dtype = v.dtype;
+  p.codes = codes.ptr<uint8_t>();
+  p.e5m2 = codes.dtype == DType::kE5M2;
+  p.scale = scale.ptr<float>();
+  for (int i = 0; i < 4; ++i) {
+    p.v_s[i] = v.strides[i];
+    p.c_s[i] = codes.strides[i];
+  }
+  for (int i = 0; i < 3; ++i) p.s_s[i] = scale.strides[i];
+  return p;
+}
+
+}  // namespace
+
+void fp8_vcache_quantize(const TensorView& v, const TensorView& codes, const TensorView& scale, Stream stream) {
+  Checker c{"fp8_vcache_quantize"};
+  int64_t B = 0, T = 0;
+  const VCachePlan p = vcache_plan(c, v, "v", codes, scale, false, &B, &T);
+  if (T != p.T) c.fail("codes", "expected T = " + std::to_string(p.T) + " tokens (v's), got " + codes.describe());
+  c.no_overlap({{"codes", &codes}, {"scale", &scale}}, {{"v", &v}});
+  if (c.dev != Device::kCPU) {
+    run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::fp8_vcache_quantize(p, stream.handle); });
+    return;
+  }
+  ref::fp8_vcache_quantize(p);
+}
+
+void fp8_vcache_append(const TensorView& v_new, const TensorView& codes, const TensorView& scale,
+                       const TensorView& lengths, const TensorView& block_table, Stream stream) {
+  Checker c{"fp8_vcache_append"};
+  VCacheAppendPlan p;
+  const bool paged = block_table.present();
+  int64_t N0 = 0;
+  p.cache = vcache_plan(c, v_new, "v_new", codes, scale, paged, &N0, &p.cache_T);
+  const int64_t B = p.cache.B, N = p.cache.T;
+  if (paged) p.cache_T = page_geometry(c, block_table, B, N0, p.cache_T, "codes", p.pages);
+  const int64_t T = p.cache_T;
+  if (N > T) c.fail("v_new", "N = " + std::to_string(N) + " new tokens exceed the cache's T = " + std::to_string(T));
+  c.require(lengths, Req("lengths").dtypes({DType::kInt32}).shape({B}).contiguous("lengths"));
+  c.no_overlap({{"codes", &codes}, {"scale", &scale}},
+               {{"v_new", &v_new}, {"lengths", &lengths}, {"block_table", &block_table}});
+  AppendHost h = append_host(c, lengths, block_table, p.pages, B, N, T, stream);
+  p.lengths = h.lens.data();
+  if (c.dev != Device::kCPU) {
+    p.lengths_device = lengths.ptr<const int32_t>();
+    if (paged) p.pages.table = block_table.ptr<const int32_t>();
+    run_on_device<Kernels::kSm90Gemm>(c, [&] { return B > 0 && N > 0 ? cuda::fp8_vcache_append(p, stream.handle) : 0; });
+    return;
+  }
+  if (paged) p.pages.table = h.table.data();
+  if (B > 0 && N > 0) ref::fp8_vcache_append(p);
 }
 
 }  // namespace lowbit

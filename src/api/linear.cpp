@@ -1,6 +1,6 @@
 // src/api/linear.cpp: validation and dispatch of the dense linears (lowbit/linear.hpp):
 // mxfp4_gemm (CPU: the grouped GEMM's reference with one group; CUDA: the grouped sm_90a kernel with
-// one group) and nvfp4_gemm (CPU reference only; CUDA tensors refused with NotSupportedError).
+// one group) and nvfp4_gemm with its prepack (CPU: the reference; CUDA: the dual GEMM's mainloop).
 // Every check runs before anything is written: an error names the op and the argument and leaves
 // the output untouched.
 #include <cstdint>
@@ -140,6 +140,60 @@ void mxfp4_gemm(const Mxfp4GemmArgs& x, Stream stream) {
   run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::mxfp4_gemm(p, stream.handle); });
 }
 
+namespace {
+
+/// The NVFP4 weights [N, K/2] with their E4M3 scales (N x K/16 in `layout`) into p.b / p.sfb / p.spb.
+void nvfp4_weights(Checker& c, const TensorView& b, const TensorView& b_scale, const ScaleLayout& layout, int64_t K,
+                   Nvfp4GemmPlan& p) {
+  c.require(b, Req("b").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}).rank(2, "[N, K/2]").last_contiguous());
+  if (b.shape[1] != K / 2) c.fail("b", "expected [N, " + std::to_string(K / 2) + "] to match a, got " + b.describe());
+  const int64_t N = b.shape[0];
+  if (N < 1) c.fail("b", "N must be >= 1, got " + b.describe());
+  c.require(b_scale, Req("b_scale").dtypes({DType::kE4M3, DType::kUInt8}));
+  check_dense_layout(c, layout, "b_scale_layout");
+  plan_scales(c, b_scale, "b_scale", layout, 1, N, K / 16, &p.spb, Checker::Batch::kFirst);
+  p.N = N;
+  p.b = b.ptr<uint8_t>();
+  p.b_sN = b.strides[0];
+  p.sfb = b_scale.ptr<uint8_t>();
+}
+
+/// The tiles prepacked weights exist for (the CUDA kernel's): N % 128, K % 64; names `arg`.
+void check_packable(const Checker& c, const char* arg, int64_t N, int64_t K) {
+  if (N < 1 || N % 128 != 0 || K < 1 || K % 64 != 0)
+    c.fail(arg, "prepacked NVFP4 weights need N a positive multiple of 128 and K of 64 (the CUDA kernel's tiles), "
+                "got N = " + std::to_string(N) + ", K = " + std::to_string(K));
+}
+
+}  // namespace
+
+int64_t nvfp4_gemm_packed_bytes(int64_t N, int64_t K) {
+  const Checker c{"nvfp4_gemm_packed_bytes"};
+  if (N < 1 || N % 128 != 0) c.fail("N", "must be a positive multiple of 128, got " + std::to_string(N));
+  if (K < 1 || K % 64 != 0) c.fail("K", "must be a positive multiple of 64, got " + std::to_string(K));
+  return c.mul("K", N / 64, c.mul("K", K / 64, 128 * 16 + 64 * 4));
+}
+
+void nvfp4_gemm_prepack(const TensorView& b, const TensorView& b_scale, const ScaleLayout& b_scale_layout,
+                        const TensorView& packed, Stream stream) {
+  Checker c{"nvfp4_gemm_prepack"};
+  c.present(b, "b");
+  if (b.ndim != 2) c.fail("b", "expected [N, K/2], got " + b.describe());
+  const int64_t K = c.mul("b", 2, b.shape[1]);
+  Nvfp4GemmPlan p;
+  p.K = K;
+  nvfp4_weights(c, b, b_scale, b_scale_layout, K, p);
+  check_packable(c, "b", p.N, K);
+  c.require(packed, Req("packed").dtypes({DType::kUInt8}).contiguous("packed"));
+  c.storage(packed, "packed", nvfp4_gemm_packed_bytes(p.N, K));
+  c.no_overlap({{"packed", &packed}}, {{"b", &b}, {"b_scale", &b_scale}});
+  if (c.dev == Device::kCPU) {
+    ref::nvfp4_gemm_prepack(p, packed.ptr<uint8_t>());
+    return;
+  }
+  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::nvfp4_gemm_prepack(p, packed.ptr<uint8_t>(), stream.handle); });
+}
+
 void nvfp4_gemm(const Nvfp4GemmArgs& x, Stream stream) {
   Checker c{"nvfp4_gemm"};
   c.require(x.a, Req("a").dtypes({DType::kBFloat16, DType::kUInt8, DType::kFloat4E2M1x2})
@@ -147,14 +201,25 @@ void nvfp4_gemm(const Nvfp4GemmArgs& x, Stream stream) {
   const bool a_bf16 = x.a.dtype == DType::kBFloat16;
   const int64_t M = x.a.shape[0], K = a_bf16 ? x.a.shape[1] : c.mul("a", 2, x.a.shape[1]);
   if (K % 16 != 0 || K == 0) c.fail("a", "K = " + std::to_string(K) + " must be a positive multiple of 16 (the NVFP4 block)");
-  c.require(x.b, Req("b").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}).rank(2, "[N, K/2]").last_contiguous());
-  if (x.b.shape[1] != K / 2) c.fail("b", "expected [N, " + std::to_string(K / 2) + "] to match a, got " + x.b.describe());
-  const int64_t N = x.b.shape[0];
-  if (N < 1) c.fail("b", "N must be >= 1, got " + x.b.describe());
+  Nvfp4GemmPlan p;
+  p.M = M;
+  p.K = K;
+  if (x.b_packed) {
+    if (x.b_scale.present()) c.fail("b_scale", "must be absent with b_packed (the prepacked weights hold the scales)");
+    c.present(x.out, "out");
+    if (x.out.ndim != 2) c.fail("out", "expected [M, N], got " + x.out.describe());
+    p.N = x.out.shape[1];
+    check_packable(c, "out", p.N, K);
+    c.require(x.b, Req("b").dtypes({DType::kUInt8}).contiguous("b"));
+    c.storage(x.b, "b", nvfp4_gemm_packed_bytes(p.N, K));
+    p.b = x.b.ptr<uint8_t>();
+    p.b_packed = true;
+  } else {
+    nvfp4_weights(c, x.b, x.b_scale, x.b_scale_layout, K, p);
+  }
+  const int64_t N = p.N;
   out_arg(c, x.out, M, N);
   const DTypes e4m3 = {DType::kE4M3, DType::kUInt8};
-  Nvfp4GemmPlan p;
-  p.M = M; p.N = N; p.K = K;
   p.a = x.a.data;
   p.a_bf16 = a_bf16;
   p.a_sM = x.a.strides[0];
@@ -168,12 +233,6 @@ void nvfp4_gemm(const Nvfp4GemmArgs& x, Stream stream) {
     p.sfa = x.a_scale.ptr<uint8_t>();
     p.amax_a = amax_arg(c, x.amax_a, "amax_a");
   }
-  c.require(x.b_scale, Req("b_scale").dtypes(e4m3));
-  check_dense_layout(c, x.b_scale_layout, "b_scale_layout");
-  plan_scales(c, x.b_scale, "b_scale", x.b_scale_layout, 1, N, K / 16, &p.spb, Checker::Batch::kFirst);
-  p.b = x.b.ptr<uint8_t>();
-  p.b_sN = x.b.strides[0];
-  p.sfb = x.b_scale.ptr<uint8_t>();
   p.amax_b = amax_arg(c, x.amax_b, "amax_b");
   p.bias = bias_arg(c, x.bias, N, &p.bias_dtype);
   p.out = x.out.data;

@@ -12,6 +12,28 @@
 
 namespace lowbit::detail {
 
+/// Where token t of sequence b lives in a cache tensor whose strides are s = {s0, s1, ...}.
+/// Dense (no block table): at b * s0 + t * s1, the tensor [B, T, H_kv, ...]. Paged (vLLM / FA3
+/// block tables): the tensor is [pages, page_size, H_kv, ...] and the token is row
+/// t % page_size of page table[b * table_stride + t / page_size], at page * s0 + row * s1.
+/// page_size is a power of two; a page id outside [0, pages) is clamped (a device table is not
+/// validated: memory stays in bounds, the sequence's result is then unspecified).
+struct CachePages {
+  const int32_t* table = nullptr;  ///< [B, max_pages] int32; null: dense
+  int64_t table_stride = 0;        ///< elements between the rows of the table
+  int64_t pages = 0;               ///< the cache tensors' first dimension
+  int shift = 0;                   ///< log2(page_size)
+
+  LOWBIT_HOST_DEVICE bool paged() const { return table != nullptr; }
+  /// Element offset of token t of sequence b, the head dimension not included.
+  LOWBIT_HOST_DEVICE int64_t offset(const int64_t* s, int64_t b, int64_t t) const {
+    if (!paged()) return b * s[0] + t * s[1];
+    int64_t page = table[b * table_stride + (t >> shift)];
+    page = page < 0 ? 0 : (page >= pages ? pages - 1 : page);
+    return page * s[0] + (t & ((int64_t(1) << shift) - 1)) * s[1];
+  }
+};
+
 struct DecodeNf4Plan {
   int64_t batch = 0;      ///< B
   int64_t seqlen = 0;     ///< T: tokens the cache holds (seq_lens[b] <= T)
@@ -27,6 +49,7 @@ struct DecodeNf4Plan {
   DType scale_dtype = DType::kFloat32;   ///< k_scale: float32 or bfloat16
   DType residual_dtype = DType::kE5M2;   ///< k_residual: E5M2 or E4M3
   NibbleOrder nibbles = NibbleOrder::kLowFirst;
+  DType v_dtype = DType::kBFloat16;      ///< v: bfloat16, or E4M3 / E5M2 codes read with v_scale
   bool has_seq_lens = false;
   bool has_threshold = false;
   bool has_skip_ratio = false;
@@ -37,8 +60,12 @@ struct DecodeNf4Plan {
   int64_t ks_stride[2] = {0, 0};     ///< k_scale [B, H_kv, D]: {batch, head}
   int64_t kr_stride[3] = {0, 0, 0};  ///< k_residual [B, T, H_kv, D]: {batch, token, head}
   int64_t v_stride[3] = {0, 0, 0};   ///< v [B, T, H_kv, Dv]: {batch, token, head}
+  int64_t vs_stride[2] = {0, 0};     ///< v_scale [B, H_kv, Dv] (FP8 v): {batch, head}
   int64_t o_stride[2] = {0, 0};      ///< out [B, H_q, Dv]: {batch, head}
   int64_t sr_stride[2] = {0, 0};     ///< skip_ratio [B, H_kv]: {batch, head}
+  /// A paged cache: k_nf4, k_residual and v are [pages, page_size, H_kv, ...] (their strides
+  /// {page, row, head}), seqlen = max_pages * page_size and seq_lens is given.
+  CachePages pages;
 
   /// Pruning blocks of a sequence of L tokens.
   LOWBIT_HOST_DEVICE int64_t blocks(int64_t L) const { return (L + block_size - 1) / block_size; }
@@ -51,7 +78,8 @@ struct DecodeNf4Ptrs {
   const uint8_t* k_nf4 = nullptr;
   const void* k_scale = nullptr;   ///< float32 or bf16 bits (plan.scale_dtype)
   const uint8_t* k_residual = nullptr;
-  const uint16_t* v = nullptr;     ///< bf16 bits
+  const void* v = nullptr;         ///< bf16 bits or FP8 codes (plan.v_dtype)
+  const float* v_scale = nullptr;  ///< FP8 v: value = fp8(code) * v_scale[b, h, c]; else null
   const int32_t* seq_lens = nullptr;
   const float* threshold = nullptr;  ///< [B, H_q] contiguous
   uint16_t* out = nullptr;           ///< bf16 bits
@@ -81,11 +109,36 @@ struct KprojRopePlan {
 /// lengths[b] + i of the cache tensors (codes / residual strides of the cache, cache_T tokens).
 struct KCacheAppendPlan {
   KCachePlan cache;  ///< B, T = N new tokens, H, D; k = k_new; codes / scale / residual = the cache
-  int64_t cache_T = 0;
+  int64_t cache_T = 0;  ///< tokens a sequence may hold (paged: max_pages * page_size)
+  CachePages pages;     ///< paged: codes / residual are [pages, page_size, H, ...]
   const int32_t* lengths = nullptr;  ///< host copy, each in 0..cache_T - N (validated)
   /// CUDA: the caller's device lengths, which the kernels read (clamped to 0..cache_T - N); the
   /// host copy above was read from them on the same stream and sizes the grid. Null on the CPU.
   const int32_t* lengths_device = nullptr;
+};
+
+/// The FP8 V cache (lowbit/vcache.hpp) of fp8_vcache_quantize (v [B, T, H, D] -> codes,
+/// scale) and of fp8_vcache_append (v = the new values [B, N, H, D], T = N).
+struct VCachePlan {
+  int64_t B = 0, T = 0, H = 0, D = 0;
+  const void* v = nullptr;               ///< input values
+  DType v_dtype = DType::kFloat32;       ///< float32 / float16 / bfloat16
+  int64_t v_s[4] = {0, 0, 0, 0};         ///< element strides of v
+  uint8_t* codes = nullptr;              ///< [B, T(cache), H, D] FP8 codes
+  bool e5m2 = false;                     ///< code format: E5M2, else E4M3
+  int64_t c_s[4] = {0, 0, 0, 0};
+  float* scale = nullptr;                ///< [B, H, D]
+  int64_t s_s[3] = {0, 0, 0};
+};
+
+/// fp8_vcache_append: the new values (cache.v, [B, N, H, D]; cache.T = N) written at
+/// lengths[b] + i of the cache (cache_T tokens).
+struct VCacheAppendPlan {
+  VCachePlan cache;
+  int64_t cache_T = 0;  ///< tokens a sequence may hold (paged: max_pages * page_size)
+  CachePages pages;     ///< paged: codes are [pages, page_size, H, D]
+  const int32_t* lengths = nullptr;         ///< host copy, each in 0..cache_T - N (validated)
+  const int32_t* lengths_device = nullptr;  ///< CUDA: the caller's device lengths (clamped there)
 };
 
 }  // namespace lowbit::detail

@@ -15,7 +15,8 @@ struct Nvfp4GemmPlan {
   int64_t a_sM = 0;
   const uint8_t* sfa = nullptr;
   ScalePlan spa;  ///< M x K/16
-  const uint8_t* b = nullptr;
+  const uint8_t* b = nullptr;  ///< codes [N, K/2] (row stride b_sN), or nvfp4_gemm_prepack's chunks
+  bool b_packed = false;        ///< b is prepacked (N % 128 == 0, K % 64 == 0); sfb / spb unused
   int64_t b_sN = 0;
   const uint8_t* sfb = nullptr;
   ScalePlan spb;  ///< N x K/16

@@ -34,8 +34,8 @@ void decode_keys(const DecodeNf4Plan& p, const DecodeNf4Ptrs& x, int64_t b, int6
   for (int64_t c = 0; c < D; ++c)
     sc[size_t(c)] = load_float(x.k_scale, p.scale_dtype, b * p.ks_stride[0] + g * p.ks_stride[1] + c);
   for (int64_t t = 0; t < L; ++t) {
-    const uint8_t* codes = x.k_nf4 + b * p.kc_stride[0] + t * p.kc_stride[1] + g * p.kc_stride[2];
-    const int64_t r0 = b * p.kr_stride[0] + t * p.kr_stride[1] + g * p.kr_stride[2];
+    const uint8_t* codes = x.k_nf4 + p.pages.offset(p.kc_stride, b, t) + g * p.kc_stride[2];
+    const int64_t r0 = p.pages.offset(p.kr_stride, b, t) + g * p.kr_stride[2];
     for (int64_t c = 0; c < D; ++c) {
       const uint8_t code = unpack_nibble(p.nibbles, codes[c / 2], int(c & 1));
       float val = kcache_decode(code, sc[size_t(c)]);
@@ -57,9 +57,14 @@ void attn_decode_nf4(const DecodeNf4Plan& p, const DecodeNf4Ptrs& x) {
     auto sz = [](int64_t v) { return static_cast<size_t>(v); };
     std::vector<double> K(sz(L * D)), V(sz(L * Dv)), q(sz(D)), s(sz(G * L)), M(sz(G * n));
     decode_keys(p, x, b, g, L, K.data());
+    // values: bf16, or FP8 codes times the channel's scale (the exact product, in fp64)
+    const float* vs = x.v_scale ? x.v_scale + b * p.vs_stride[0] + g * p.vs_stride[1] : nullptr;
     for (int64_t t = 0; t < L; ++t) {
-      const uint16_t* vt = x.v + b * p.v_stride[0] + t * p.v_stride[1] + g * p.v_stride[2];
-      for (int64_t c = 0; c < Dv; ++c) V[size_t(t * Dv + c)] = double(decode_bf16(vt[c]));
+      const int64_t v0 = p.pages.offset(p.v_stride, b, t) + g * p.v_stride[2];
+      for (int64_t c = 0; c < Dv; ++c) {
+        const double e = double(load_float(x.v, p.v_dtype, v0 + c));
+        V[size_t(t * Dv + c)] = vs ? e * double(vs[c]) : e;
+      }
     }
     // scores and block maxima (each block's max is the max of its sub-block maxima)
     std::vector<double> thr(sz(G));

@@ -1,6 +1,6 @@
 // src/ref/ref_decode_attention.hpp: CPU reference of the NF4 K-cache decode ops
-// (lowbit/decode_attention.hpp; docs/decode_attention.md): the definitions the future sm_90a
-// kernels are checked against.
+// and of its FP8 V cache (lowbit/decode_attention.hpp; docs/decode_attention.md): the definitions
+// the sm_90a kernels are checked against.
 #pragma once
 
 #include "core/plan_decode.hpp"
@@ -18,5 +18,12 @@ void kproj_rope_nf4_encode(const detail::KprojRopePlan& p);
 
 /// The append with per-channel rescaling (lowbit/decode_attention.hpp nf4_kcache_append).
 void nf4_kcache_append(const detail::KCacheAppendPlan& p);
+
+/// The FP8 V cache of v (lowbit/vcache.hpp): per channel the power-of-two scale of its finite
+/// amax over T, then every code (src/ref/ref_vcache.cpp).
+void fp8_vcache_quantize(const detail::VCachePlan& p);
+
+/// The append with per-channel rescaling (lowbit/decode_attention.hpp fp8_vcache_append).
+void fp8_vcache_append(const detail::VCacheAppendPlan& p);
 
 }  // namespace lowbit::ref

@@ -88,17 +88,17 @@ void nf4_kcache_append(const KCacheAppendPlan& a) {
       const float s_old = *sp, s_new = bits_float(amax);
       // encodes x as token t of this channel under scale s
       auto put = [&](int64_t t, float x, float s) {
-        uint8_t* byte = p.codes + b * p.c_s[0] + t * p.c_s[1] + h * p.c_s[2] + (d / 2) * p.c_s[3];
+        uint8_t* byte = p.codes + a.pages.offset(p.c_s, b, t) + h * p.c_s[2] + (d / 2) * p.c_s[3];
         const uint8_t code = kcache_code(x, s);
         *byte = set_nibble(p.order, *byte, int(d & 1), code);
-        store_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3],
+        store_float(p.residual, p.r_dtype, a.pages.offset(p.r_s, b, t) + h * p.r_s[2] + d * p.r_s[3],
                     kcache_residual(x, nf4_value(code), s), kcache_residual_saturate(x));
       };
       float s = s_old;
       if (s_new > s_old) {  // rescale: re-encode the cached tokens from their decoded values
         for (int64_t t = 0; t < len; ++t) {
-          const uint8_t byte = p.codes[b * p.c_s[0] + t * p.c_s[1] + h * p.c_s[2] + (d / 2) * p.c_s[3]];
-          const float r = load_float(p.residual, p.r_dtype, b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3]);
+          const uint8_t byte = p.codes[a.pages.offset(p.c_s, b, t) + h * p.c_s[2] + (d / 2) * p.c_s[3]];
+          const float r = load_float(p.residual, p.r_dtype, a.pages.offset(p.r_s, b, t) + h * p.r_s[2] + d * p.r_s[3]);
           put(t, kcache_decode(unpack_nibble(p.order, byte, int(d & 1)), s_old, r), s_new);
         }
         s = s_new;

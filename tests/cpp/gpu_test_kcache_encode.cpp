@@ -175,12 +175,12 @@ TEST_P(GpuKcacheAppend, MatchesCpuReferenceBitForBit) {
   Dev<int32_t> dl(lens);
   nf4_kcache_append(dev_view(dkn.p, DType::kFloat32, {B, N, H, D}), dev_view(dc.p, DType::kUInt8, {B, T, H, D / 2}),
                     dev_view(ds.p, DType::kFloat32, {B, H, D}), dev_view(dr.p, s.r_dtype, {B, T, H, D}),
-                    dev_view(dl.p, DType::kInt32, {B}), s.order);
+                    dev_view(dl.p, DType::kInt32, {B}), TensorView(), s.order);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> s_before = scale;
   nf4_kcache_append(hv(kn, DType::kFloat32, {B, N, H, D}), hv(codes, DType::kUInt8, {B, T, H, D / 2}),
                     hv(scale, DType::kFloat32, {B, H, D}), hv(res, s.r_dtype, {B, T, H, D}),
-                    hv(lens, DType::kInt32, {B}), s.order);
+                    hv(lens, DType::kInt32, {B}), TensorView(), s.order);
   bool rescaled = false;
   for (size_t i = 0; i < scale.size(); ++i) rescaled |= scale[i] > s_before[i];
   EXPECT_TRUE(rescaled);

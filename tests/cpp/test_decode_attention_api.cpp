@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "lowbit/codecs.hpp"
 #include "lowbit/decode_attention.hpp"
 #include "lowbit/error.hpp"
 
@@ -46,7 +48,8 @@ struct Bufs {
     return [=]() mutable {
       auto pick = [&](const char* n, TV d) { return which == n ? t : d; };
       attn_forward_decode_nf4(pick("q", qv()), pick("k_nf4", cv()), pick("k_scale", sv()), pick("k_residual", rv()),
-                              pick("v", vv()), pick("seq_lens", lv()), pick("precomputed_threshold", tv()),
+                              pick("v", vv()), pick("v_scale", TV()), pick("seq_lens", lv()), pick("block_table", TV()),
+                              pick("precomputed_threshold", tv()),
                               pick("out", ov()), pick("skip_ratio", kv()), a);
     };
   }
@@ -148,6 +151,32 @@ TEST(DecodeAttentionApi, Arguments) {
   arg_err(a, "softmax_scale", "finite");
 }
 
+TEST(DecodeAttentionApi, Fp8ValuesAndTheirScales) {
+  Bufs b;
+  const int64_t B = 2, T = 5, HK = 2, D = 64;
+  auto u = [&] { return b.untouched(); };
+  std::vector<uint8_t> v8(size_t(B * T * HK * D), 0x38);  // E4M3 1.0
+  std::vector<float> vs(size_t(B * HK * D), 0.5f);
+  const TV v8v(v8.data(), DType::kE4M3, {B, T, HK, D}), vsv(vs.data(), DType::kFloat32, {B, HK, D});
+  auto call = [&](TV v, TV s) {
+    return std::function<void()>([&b, v, s] {
+      attn_forward_decode_nf4(b.qv(), b.cv(), b.sv(), b.rv(), v, s, b.lv(), TV(), b.tv(), b.ov(), b.kv());
+    });
+  };
+  expect_arg_error(call(b.vv(), vsv), kOp, "v_scale", "only taken with FP8 v", u);
+  expect_arg_error(call(v8v, TV()), kOp, "v_scale", "is required", u);
+  expect_arg_error(call(v8v, TV(vs.data(), DType::kFloat16, {B, HK, D})), kOp, "v_scale", "dtype", u);
+  expect_arg_error(call(v8v, TV(vs.data(), DType::kFloat32, {B, HK, D / 2})), kOp, "v_scale", "shape", u);
+  expect_arg_error(call(TV(v8.data(), DType::kUInt8, {B, T, HK, D}), vsv), kOp, "v", "dtype", u);
+  call(v8v, vsv)();  // every value 1.0 * 0.5: out = 0.5 whatever the weights
+  const uint16_t half = encode_bf16(0.5f);
+  for (size_t i = 0; i < size_t(Bufs::B * Bufs::H * D); ++i) {
+    uint16_t o;
+    std::memcpy(&o, &b.out[2 * i], 2);
+    ASSERT_EQ(o, half) << i;
+  }
+}
+
 TEST(DecodeAttentionApi, CudaTensorsAreRefusedByName) {
   Bufs b;
   auto cuda = [](TV t) {
@@ -156,8 +185,8 @@ TEST(DecodeAttentionApi, CudaTensorsAreRefusedByName) {
   };
 #if !(LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS)  // (a CUDA + CUTLASS build runs the kernels)
   try {
-    attn_forward_decode_nf4(cuda(b.qv()), cuda(b.cv()), cuda(b.sv()), cuda(b.rv()), cuda(b.vv()), TV(), TV(),
-                            cuda(b.ov()), TV());
+    attn_forward_decode_nf4(cuda(b.qv()), cuda(b.cv()), cuda(b.sv()), cuda(b.rv()), cuda(b.vv()), TV(), TV(), TV(),
+                            TV(), cuda(b.ov()), TV());
     ADD_FAILURE() << "no error";
   } catch (const NotSupportedError& e) {
     // a CPU-only build refuses the CUDA path of the decode attention by its kernel family

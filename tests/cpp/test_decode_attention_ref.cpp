@@ -30,7 +30,7 @@ Result run(Data& x, DecodeNf4Args a, const std::vector<int32_t>* lens = nullptr,
   r.skip.assign(size_t(x.s.b * x.s.hk), -1.0f);
   TensorView sl = lens ? TensorView(const_cast<int32_t*>(lens->data()), DType::kInt32, {x.s.b}) : TensorView();
   TensorView th = thr ? TensorView(const_cast<float*>(thr->data()), DType::kFloat32, {x.s.b, x.s.h}) : TensorView();
-  attn_forward_decode_nf4(x.qv(), x.codes_v(), x.scale_v(), pass_residual ? x.res_v() : TensorView(), x.vv(), sl, th,
+  attn_forward_decode_nf4(x.qv(), x.codes_v(), x.scale_v(), pass_residual ? x.res_v() : TensorView(), x.vv(), TensorView(), sl, TensorView(), th,
                           TensorView(r.out.data(), DType::kBFloat16, {x.s.b, x.s.h, x.s.dv}),
                           TensorView(r.skip.data(), DType::kFloat32, {x.s.b, x.s.hk}), a);
   return r;

@@ -1,10 +1,12 @@
-// Tile, stage and split-K choices of the grouped GEMM (cuda/moe/heuristics.hpp) and the dual GEMM
-// (cuda/gemm/heuristics.hpp): known shapes -> the choices the launchers make, and edge cases.
+// Tile, stage and split-K choices of the grouped GEMM (cuda/moe/heuristics.hpp), the dual GEMM
+// (cuda/gemm/heuristics.hpp) and the fused decode attention's K buffers
+// (cuda/attention/decode_heuristics.hpp): known shapes -> the choices the launchers make, and edge cases.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <tuple>
 
+#include "cuda/attention/decode_heuristics.hpp"
 #include "cuda/gemm/heuristics.hpp"
 #include "cuda/moe/heuristics.hpp"
 
@@ -170,6 +172,31 @@ TEST(DualHeuristics, Stages) {
   EXPECT_EQ(dual_stages(32), 6);
   EXPECT_EQ(dual_stages(64), 5);
   EXPECT_EQ(dual_stages(128), 4);
+}
+
+TEST(DecodeHeuristics, KBuffersWithoutLosingOccupancy) {
+  using lowbit::heuristics::decode::ctas_per_sm;
+  using lowbit::heuristics::decode::pick_k_stages;
+  // the split kernel's bytes at D = 128, 4 query heads scored (Smem<128, res>::bytes in
+  // nf4_decode_tile.cuh): one K buffer (codes 10240 + residuals 20480) and two V buffers
+  const size_t extras = 2048 + 1024 + 4096 + 4096 + 3520;
+  const size_t k = 10240 + 20480, v16 = 2 * 32768, v8 = 2 * 16384;
+  EXPECT_EQ(ctas_per_sm(k + v16 + extras), 2);
+  EXPECT_EQ(ctas_per_sm(2 * k + v16 + extras), 1);
+  EXPECT_EQ(pick_k_stages(k + v16 + extras, 2 * k + v16 + extras), 1);  // bf16 V: two CTAs per SM kept
+  EXPECT_EQ(pick_k_stages(k + v8 + extras, 2 * k + v8 + extras), 2);    // FP8 V: two K buffers, still two CTAs
+  EXPECT_EQ(pick_k_stages(10240 + v16 + extras, 20480 + v16 + extras), 2);  // no residual
+  // already one CTA per SM (8 query heads scored): a second K buffer costs nothing
+  const size_t e8 = 4096 + 1024 + 8192 + 4096 + 3520;
+  EXPECT_EQ(ctas_per_sm(k + v16 + e8), 1);
+  EXPECT_EQ(pick_k_stages(k + v16 + e8, 2 * k + v16 + e8), 2);
+  // forced counts (development A/B) when they fit, else the rule; nothing fits: 0
+  EXPECT_EQ(pick_k_stages(k + v16 + extras, 2 * k + v16 + extras, 2), 2);
+  EXPECT_EQ(pick_k_stages(k + v8 + extras, 2 * k + v8 + extras, 1), 1);
+  EXPECT_EQ(pick_k_stages(200 * 1024, 240 * 1024, 2), 1);
+  EXPECT_EQ(pick_k_stages(230 * 1024, 240 * 1024), 0);
+  EXPECT_EQ(ctas_per_sm(227 * 1024), 1);
+  EXPECT_EQ(ctas_per_sm(227 * 1024 + 1), 0);
 }
 
 }  // namespace

@@ -32,11 +32,14 @@ def np_keys(k_nf4, k_scale, k_residual):
 
 
 def np_decode(q, k_nf4, k_scale, k_residual, v, seq_lens=None, block_size=64, delta=math.inf, threshold=None,
-              softmax_scale=None):
-    """(out [B, H_q, Dv] fp64, skip_ratio [B, H_kv]) by the rules of docs/decode_attention.md."""
+              softmax_scale=None, v_scale=None):
+    """(out [B, H_q, Dv] fp64, skip_ratio [B, H_kv]) by the rules of docs/decode_attention.md
+    (FP8 v: the codes' values times v_scale [B, H_kv, Dv], in fp64)."""
     q = np.asarray(q).astype(np.float64)[:, 0]  # [B, H_q, D]
     K = np_keys(k_nf4, k_scale, k_residual)
     V = np.asarray(v).astype(np.float64)
+    if v_scale is not None:
+        V = V * np.asarray(v_scale).astype(np.float64)[:, None]
     B, H, D = q.shape
     T, HK, DV = K.shape[1], K.shape[2], V.shape[3]
     G = H // HK
@@ -82,6 +85,16 @@ def assert_bf16_close(out, ref):
     assert not bad.any(), f"{bad.sum()} elements beyond one bf16 ulp; max err {np.abs(o[fin] - ref[fin]).max()}"
 
 
+def make_v8(B, T, HK, DV, seed, dtype="float8_e4m3fn"):
+    """An FP8 V cache (NumPy): codes of N(0, 1) values and per-(b, h, channel) float32 scales, a
+    third of them not powers of two, the rest 2^-3 .. 2^3."""
+    rng = np.random.default_rng(seed)
+    codes = rng.standard_normal((B, T, HK, DV)).astype(np.float32).astype(getattr(ml_dtypes, dtype))
+    i = np.arange(B * HK * DV).reshape(B, HK, DV)
+    scale = np.where(i % 3 == 0, 0.37 + 0.01 * (i % 7), np.ldexp(1.0, i % 7 - 3)).astype(np.float32)
+    return codes, scale
+
+
 def make_cache(B, T, H, HK, D, DV, seed, residual_dtype="float8_e5m2", sinks=False):
     """q [B, 1, H, D] bf16, the cache of N(0, 1) keys, v [B, T, HK, DV] bf16 (NumPy). ``sinks``:
     the keys of every token but the first and the last 8 are scaled by 1/10, so that pruning has
@@ -94,3 +107,37 @@ def make_cache(B, T, H, HK, D, DV, seed, residual_dtype="float8_e5m2", sinks=Fal
     q = rng.standard_normal((B, 1, H, D)).astype(BF16)
     v = rng.standard_normal((B, T, HK, DV)).astype(BF16)
     return q, k_nf4, k_scale, k_res, v
+
+
+# The FP8 V cache (lowbit/vcache.hpp), independently: np.frexp for the power-of-two scale,
+# ml_dtypes for the FP8 rounding.
+FP8 = {"float8_e4m3fn": (ml_dtypes.float8_e4m3fn, 448.0), "float8_e5m2": (ml_dtypes.float8_e5m2, 57344.0)}
+
+
+def np_scale(amax, fmax):
+    """The smallest 2^e (e >= -149) with amax <= fmax * 2^e; 0 where amax == 0 (float64 math)."""
+    a = np.asarray(amax, np.float64)
+    _, e = np.frexp(a / fmax)  # a / fmax = m * 2^e, m in [0.5, 1): 2^e >= a / fmax > 2^(e-1)
+    e = np.where(np.ldexp(1.0, e - 1) * fmax >= a, e - 1, e)  # a / fmax an exact power of two
+    s = np.ldexp(1.0, np.maximum(e, -149))
+    return np.where(a > 0, s, 0.0).astype(np.float32)
+
+
+def np_quantize(v, dtype):
+    """(codes, scale) by the rules of lowbit/vcache.hpp, in NumPy."""
+    ft, fmax = FP8[dtype]
+    x = np.asarray(v).astype(np.float32)
+    fin = np.where(np.isfinite(x), np.abs(x), 0)
+    scale = np_scale(fin.max(axis=1), fmax)  # [B, H, D]
+    s = scale[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        val = np.where(s == 0, x * np.float32(0), x / np.where(s == 0, 1, s)).astype(np.float32)
+    return val.astype(ft), scale
+
+
+def same_codes(a, b):
+    """Byte-equal codes, NaN codes compared as NaN (the sign of a NaN code is not specified)."""
+    fa, fb = np.asarray(a).astype(np.float32), np.asarray(b).astype(np.float32)
+    nan = np.isnan(fa)
+    return np.array_equal(nan, np.isnan(fb)) and np.array_equal(np.asarray(a).view(np.uint8)[~nan],
+                                                                np.asarray(b).view(np.uint8)[~nan])

@@ -1,7 +1,8 @@
 """Generators of valid NF4 K-cache decode calls (fuzzlib.py): attn_forward_decode_nf4 on small
 random caches (pruned or not, ragged lengths, GQA, a few NaN values), checked against the NumPy
-implementation of decode_attention_common.py, and kproj_rope_nf4_encode, checked against the
-quantize of its own rotated keys and a NumPy projection + RoPE."""
+implementation of decode_attention_common.py, kproj_rope_nf4_encode, checked against the
+quantize of its own rotated keys and a NumPy projection + RoPE, and fp8_vcache_quantize, checked
+bit for bit against the NumPy V-cache rule of decode_attention_common.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fuzzlib_checks import pick
 from fuzzlib_core import BF16
 from fuzzlib_gen_formats import _lb
 from fuzzlib_specs import Spec
-from decode_attention_common import np_decode
+from decode_attention_common import make_v8, np_decode, np_quantize, same_codes
 
 
 def _bf16_mismatch(out, ref):
@@ -45,9 +46,12 @@ def gen_decode_attention(rng):
     v = rng.standard_normal((B, T, HK, DV)).astype(BF16)
     if rng.random() < 0.15:
         v[int(rng.integers(B)), int(rng.integers(T)), int(rng.integers(HK)), int(rng.integers(DV))] = np.nan
+    vs = None
+    if rng.random() < 0.3:  # an FP8 V cache with per-channel scales
+        v, vs = make_v8(B, T, HK, DV, int(rng.integers(1 << 30)), pick(rng, ["float8_e4m3fn", "float8_e5m2"]))
     lens = rng.integers(1, T + 1, B).astype(np.int32) if rng.random() < 0.5 else None
     use_res = bool(rng.random() < 0.8)
-    ref, ratio = np_decode(q, c, s, r if use_res else None, v, lens, bs, delta)
+    ref, ratio = np_decode(q, c, s, r if use_res else None, v, lens, bs, delta, v_scale=vs)
 
     def check(res):
         out, sr = res
@@ -63,15 +67,23 @@ def gen_decode_attention(rng):
     kinds = {"q": "in_bytes", "k_nf4": "in_bytes", "k_scale": "in", "k_residual": "in_bytes", "v": "in_bytes",
              "seq_lens": "in", "block_size": "fixed", "sub_block_size": "fixed", "delta": "fixed",
              "use_fp8_residual": "fixed"}
+    if vs is not None:
+        params["v_scale"], kinds["v_scale"] = vs, "in"
     extra = [("delta NaN", {"delta": float("nan")}, "refuse"), ("delta -1", {"delta": -1.0}, "refuse"),
              ("block_size 0", {"block_size": 0}, "refuse"), ("sub_block_size 3 of 64", {"block_size": 64,
                                                                                         "sub_block_size": 3}, "refuse"),
              ("seq_lens past T", {"seq_lens": np.full(B, T + 1, np.int32)}, "refuse"),
              ("seq_lens 0", {"seq_lens": np.zeros(B, np.int32)}, "refuse"),
              ("q as float32", {"q": q.astype(np.float32)}, "refuse")]
+    if vs is not None:
+        extra += [("v_scale as float16", {"v_scale": vs.astype(np.float16)}, "refuse"),
+                  ("v_scale of half the channels", {"v_scale": np.ascontiguousarray(vs[..., : DV // 2])}, "refuse")]
+    else:
+        extra += [("v_scale with bfloat16 v", {"v_scale": np.ones((B, HK, DV), np.float32)}, "refuse")]
     return Spec("attn_forward_decode_nf4",
                 lambda **p: lb.attn_forward_decode_nf4(**p, return_skip_ratio=True), params, kinds, check,
-                required={"q", "k_nf4", "k_scale", "v"} | ({"k_residual"} if use_res else set()), extra=extra)
+                required={"q", "k_nf4", "k_scale", "v"} | ({"k_residual"} if use_res else set()) |
+                ({"v_scale"} if vs is not None else set()), extra=extra)
 
 
 def gen_kproj_encode(rng):
@@ -109,3 +121,32 @@ def gen_kproj_encode(rng):
                 check, required={"x", "w_k", "positions"}, extra=extra)
     spec.dtype_ok = {"positions": (np.dtype(np.int32), np.dtype(np.int64))}
     return spec
+
+
+def gen_vcache_quantize(rng):
+    """fp8_vcache_quantize of small random values (channel magnitudes over 2^-30 .. 2^30, sometimes
+    NaN / Inf / a zero channel): codes and scales bit for bit as the NumPy rule."""
+    lb = _lb()
+    B, T, H, D = int(rng.integers(1, 3)), int(rng.integers(1, 40)), int(rng.integers(1, 4)), int(rng.integers(1, 70))
+    dt = pick(rng, ["float32", "float16", "bfloat16"])
+    v = (rng.standard_normal((B, T, H, D)) * np.exp2(rng.integers(-30, 30, (1, 1, H, D)))).astype(np.float32)
+    if rng.random() < 0.3:
+        v[0, int(rng.integers(T)), 0, int(rng.integers(D))] = pick(rng, [np.nan, np.inf, -np.inf])
+        v[..., int(rng.integers(D))] = 0.0
+    with np.errstate(over="ignore"):  # float16 inputs: magnitudes past 65504 become +-Inf
+        v = v.astype(BF16) if dt == "bfloat16" else v.astype(dt)
+    code_dt = pick(rng, ["float8_e4m3fn", "float8_e5m2"])
+    want_c, want_s = np_quantize(v, code_dt)
+
+    def check(res):
+        codes, scale = res
+        if not np.array_equal(np.asarray(scale), want_s):
+            return "fp8_vcache_quantize: scales differ from the power-of-two rule"
+        if not same_codes(codes, want_c):
+            return "fp8_vcache_quantize: codes differ from fp8(v / scale)"
+        return None
+
+    extra = [("dtype uint8", {"dtype": "uint8"}, "refuse"), ("v as int32", {"v": np.zeros((B, T, H, D), np.int32)},
+                                                            "refuse")]
+    return Spec("fp8_vcache_quantize", lambda **p: lb.fp8_vcache_quantize(**p), {"v": v, "dtype": code_dt},
+                {"v": "in", "dtype": "fixed"}, check, required={"v"}, extra=extra)

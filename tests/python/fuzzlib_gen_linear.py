@@ -1,6 +1,7 @@
 """Generators of valid dense-linear calls (fuzzlib.py): mxfp4_gemm (bf16 / MXFP8 activations, both
 scale layouts, prepacked weights, bias) and nvfp4_gemm (bf16 / NVFP4 activations, per-tensor
-amaxes, bias), checked against NumPy float64 products of the decoded operands."""
+amaxes, bias), checked against NumPy float64 products of the decoded operands; nvfp4_gemm_prepack
+checked against the independent NumPy packer of linear_common.py."""
 
 from __future__ import annotations
 
@@ -122,3 +123,26 @@ def gen_nvfp4_gemm(rng):
     return Spec("nvfp4_gemm", lambda **p: lb.nvfp4_gemm(**p), params, kinds, check, outputs,
                 required={"a", "b", "b_scale"} | ({"a_scale"} if nv_a else set()), extra=extra,
                 choices={"out_dtype": ("bfloat16", "float16"), "a_scale_layout": _LAYOUTS, "b_scale_layout": _LAYOUTS})
+
+
+def gen_nvfp4_prepack(rng):
+    """nvfp4_gemm_prepack of random codes and E4M3 scales (N % 128, K % 64), both scale layouts:
+    the bytes of linear_common.np_nvfp4_pack."""
+    from linear_common import np_nvfp4_pack, stored
+
+    lb = _lb()
+    N, K = 128 * int(rng.integers(1, 3)), 64 * int(rng.integers(1, 4))
+    b = rng.integers(0, 256, (N, K // 2), dtype=np.uint8)
+    sc = rng.integers(0, 256, (N, K // 16), dtype=np.uint8)
+    layout = pick(rng, list(_LAYOUTS))
+    want = np_nvfp4_pack(b, sc)
+
+    def check(res):
+        return None if np.array_equal(np.asarray(res), want) else "nvfp4_gemm_prepack: bytes differ from the NumPy packer"
+
+    extra = [("N = 64", {"b": b[:64], "b_scale": stored(sc[:64], layout)}, "refuse"),
+             ("b_scale of the wrong size", {"b_scale": np.zeros((N, 3), np.uint8)}, "refuse")]
+    return Spec("nvfp4_gemm_prepack", lambda **p: lb.nvfp4_gemm_prepack(**p),
+                {"b": b, "b_scale": stored(sc, layout), "b_scale_layout": layout},
+                {"b": "in_bytes", "b_scale": "in_bytes", "b_scale_layout": "fixed"}, check,
+                required={"b", "b_scale"}, extra=extra)

@@ -15,8 +15,8 @@ from fuzzlib_gen_formats import (gen_cast, gen_convert_layout, gen_convert_raw, 
                                  gen_interleave, gen_quantize, gen_quantize_special, gen_scale_shape,
                                  gen_transcode, _lb, random_format_kwargs)
 from fuzzlib_gen_attention import gen_attention
-from fuzzlib_gen_decode import gen_decode_attention, gen_kproj_encode
-from fuzzlib_gen_linear import gen_mxfp4_gemm, gen_nvfp4_gemm
+from fuzzlib_gen_decode import gen_decode_attention, gen_kproj_encode, gen_vcache_quantize
+from fuzzlib_gen_linear import gen_mxfp4_gemm, gen_nvfp4_gemm, gen_nvfp4_prepack
 from fuzzlib_gen_moe_ep import gen_expert_mlp, gen_group_gemm_counts
 
 
@@ -413,8 +413,9 @@ GENERATORS = [  # (weight, generator)
     (5, gen_scale_shape), (6, gen_convert_layout), (1, gen_convert_raw), (4, gen_interleave), (4, gen_nf4k),
     (3, gen_nf4k_dequant), (6, gen_entry), (2, gen_amax), (3, gen_dual_gemm), (1, gen_prepack),
     (4, gen_group_gemm), (2, gen_group_prepack), (2, gen_moe), (2, gen_format), (3, gen_attention),
-    (2, gen_decode_attention), (1, gen_kproj_encode),
-    (3, gen_mxfp4_gemm), (2, gen_nvfp4_gemm), (2, gen_group_gemm_counts), (2, gen_expert_mlp),
+    (2, gen_decode_attention), (1, gen_kproj_encode), (1, gen_vcache_quantize),
+    (3, gen_mxfp4_gemm), (2, gen_nvfp4_gemm), (1, gen_nvfp4_prepack), (2, gen_group_gemm_counts),
+    (2, gen_expert_mlp),
 ]
 _WEIGHTS = np.array([w for w, _ in GENERATORS], dtype=np.float64)
 _WEIGHTS /= _WEIGHTS.sum()

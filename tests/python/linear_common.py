@@ -124,3 +124,29 @@ def assert_gemm_rule(got, ref, out_dtype, label=""):
     assert not bad.any(), (f"{label}: {int(bad.sum())} of {bad.size} elements outside the GEMM rule; worst at "
                            f"{np.unravel_index(np.argmax(err - tol), err.shape)}: got "
                            f"{got.flat[np.argmax(err - tol)]}, ref {ref.flat[np.argmax(err - tol)]}")
+
+
+def np_nvfp4_pack(b, b_sc):
+    """The prepacked chunks, independently: chunk (rb, kt) of 2304 bytes holds rows 64 rb.. and
+    K 64 kt..: thread tid = 32 w + 4 g + t of the CUDA kernel gets, per 16-deep step s, a 32-bit
+    word of the codes of rows 16 w + g (+8) at K 16 s + 2 t (+1, +8, +9): code (row + 8 hi,
+    k0 + 8 kh + odd) at bit 4 (2 kh + hi) + 16 odd; then row r's four E4M3 scales at 2048 + 4 r."""
+    N, K = b.shape[0], 2 * b.shape[1]
+    codes = np.stack([b & 0xF, b >> 4], axis=-1).reshape(N, K).astype(np.uint32)
+    out = np.zeros((N // 64, K // 64, 2304), np.uint8)
+    for rb in range(N // 64):
+        for kt in range(K // 64):
+            words = np.zeros((128, 4), np.uint32)
+            for tid in range(128):
+                w, lane = divmod(tid, 32)
+                g, t = divmod(lane, 4)
+                for s in range(4):
+                    for hi in range(2):
+                        for kh in range(2):
+                            for odd in range(2):
+                                row = 64 * rb + 16 * w + g + 8 * hi
+                                k = 64 * kt + 16 * s + 2 * t + 8 * kh + odd
+                                words[tid, s] |= codes[row, k] << np.uint32(4 * (2 * kh + hi) + 16 * odd)
+            out[rb, kt, :2048] = words.astype("<u4").view(np.uint8).reshape(-1)
+            out[rb, kt, 2048:] = b_sc[64 * rb:64 * rb + 64, 4 * kt:4 * kt + 4].reshape(-1)
+    return out.reshape(-1)

@@ -12,7 +12,7 @@ import pytest
 
 import lowbit
 
-from decode_attention_common import BF16, assert_bf16_close, make_cache, np_decode, np_keys
+from decode_attention_common import BF16, assert_bf16_close, make_cache, make_v8, np_decode, np_keys
 
 SHAPES = [  # B, T, H_q, H_kv, D, Dv, block_size, sub_block_size
     (1, 1, 4, 1, 64, 64, 64, 16), (2, 100, 8, 2, 128, 64, 64, 16), (2, 300, 8, 2, 128, 64, 32, 16),
@@ -34,6 +34,42 @@ def test_reference_matches_numpy(shape, delta):
     np.testing.assert_array_equal(ratio, ref_ratio.astype(np.float32))
     if delta == math.inf:
         assert (ratio == 0).all()
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:4], ids=lambda s: "b%d_t%d_h%d-%d_d%d-%d_bs%d-%d" % s)
+@pytest.mark.parametrize("vdt", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("delta", [math.inf, 2.0])
+def test_fp8_v_matches_numpy(shape, vdt, delta):
+    B, T, H, HK, D, DV, bs, sbs = shape
+    q, c, s, r, _ = make_cache(B, T, H, HK, D, DV, seed=T + 3, sinks=True)
+    v8, vs = make_v8(B, T, HK, DV, seed=T + 4, dtype=vdt)
+    lens = [max(1, T - 11 * b) for b in range(B)]
+    out, ratio = lowbit.attn_forward_decode_nf4(q, c, s, r, v8, v_scale=vs, seq_lens=lens, block_size=bs,
+                                                sub_block_size=sbs, delta=delta, return_skip_ratio=True)
+    ref, ref_ratio = np_decode(q, c, s, r, v8, lens, bs, delta, v_scale=vs)
+    assert_bf16_close(out, ref)
+    np.testing.assert_array_equal(ratio, ref_ratio.astype(np.float32))
+    # the scales are applied: doubling one channel's scale doubles that channel only
+    vs2 = vs.copy()
+    vs2[:, :, 5] *= 2
+    out2 = lowbit.attn_forward_decode_nf4(q, c, s, r, v8, v_scale=vs2, seq_lens=lens, block_size=bs,
+                                          sub_block_size=sbs, delta=delta)
+    o, o2 = out.astype(np.float64), out2.astype(np.float64)
+    np.testing.assert_array_equal(o2[..., 5], 2 * o[..., 5])
+    np.testing.assert_array_equal(np.delete(o2, 5, axis=-1), np.delete(o, 5, axis=-1))
+
+
+def test_fp8_v_broadcast_scale_and_nan_code():
+    B, T, H, HK, D = 2, 40, 4, 2, 64
+    q, c, s, r, _ = make_cache(B, T, H, HK, D, D, seed=8)
+    v8, vs = make_v8(B, T, HK, D, seed=9)
+    shared = np.broadcast_to(vs[:1], vs.shape)  # one scale tensor for the batch (batch stride 0)
+    out = lowbit.attn_forward_decode_nf4(q, c, s, r, v8, v_scale=shared, delta=math.inf)
+    assert_bf16_close(out, np_decode(q, c, s, r, v8, v_scale=np.ascontiguousarray(shared))[0])
+    v8[1, 7, 1, 3] = np.float32(np.nan).astype(v8.dtype)  # a NaN code: channel 3 of KV head 1's heads
+    out = lowbit.attn_forward_decode_nf4(q, c, s, r, v8, v_scale=vs, delta=math.inf).astype(np.float32)
+    assert np.isnan(out[1, 2:, 3]).all() and np.isfinite(np.delete(out[1, 2:], 3, axis=-1)).all()
+    assert np.isfinite(out[0]).all() and np.isfinite(out[1, :2]).all()
 
 
 def test_without_residual_e4m3_bf16_scale_and_softmax_scale():
@@ -117,6 +153,17 @@ def test_argument_errors():
         call(q[..., :32].copy(), c[..., :16].copy(), s[..., :32].copy(), r[..., :32].copy(), v)
     with pytest.raises(ValueError, match="argument 'precomputed_threshold'.*shape"):
         call(q, c, s, r, v, precomputed_threshold=np.zeros((1, 1), np.float32))
+    v8, vs = make_v8(1, 8, 1, 64, seed=7)
+    with pytest.raises(ValueError, match="argument 'v_scale'.*only taken with FP8 v"):
+        call(q, c, s, r, v, v_scale=vs)
+    with pytest.raises(ValueError, match="argument 'v_scale'.*required"):
+        call(q, c, s, r, v8)
+    with pytest.raises(ValueError, match="argument 'v_scale'.*shape"):
+        call(q, c, s, r, v8, v_scale=vs[:, :, :32].copy())
+    with pytest.raises(ValueError, match="argument 'v_scale'.*float32"):
+        call(q, c, s, r, v8, v_scale=vs.astype(np.float16))
+    with pytest.raises(ValueError, match="argument 'v'.*bfloat16 or float8"):
+        call(q, c, s, r, v.astype(np.float32))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,6 +104,61 @@ def test_gpu_unpruned_accuracy(shape, ragged):
     assert torch.isfinite(out).all() and err <= bound, (err, bound)
 
 
+def t_v8(B, T, HK, DV, seed, dtype):
+    """An FP8 V cache on the GPU (codes of N(0, 1) values, per-channel float32 scales, a third of
+    them not powers of two) and its fp64 dequantized values."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randn((B, T, HK, DV), generator=g).to(getattr(torch, dtype))
+    i = torch.arange(B * HK * DV).reshape(B, HK, DV)
+    scale = torch.where(i % 3 == 0, 0.37 + 0.01 * (i % 7), torch.ldexp(torch.ones(()), (i % 7 - 3).float())).float()
+    codes, scale = codes.cuda(), scale.cuda()
+    return codes, scale, codes.double() * scale.double()[:, None]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[5], SHAPES[6], SHAPES[7]],
+                         ids=lambda s: "b%d_t%d_h%d-%d_d%d-%d" % s)
+@pytest.mark.parametrize("vdt", ["float8_e4m3fn", "float8_e5m2"])
+def test_gpu_fp8_v_unpruned_accuracy(shape, vdt):
+    """FP8 V with per-channel scales (the fused path, and the generic one for D != Dv), under the
+    rule with O_ref / O_bf16 of the dequantized V."""
+    torch = _torch()
+    B, T, H, HK, D, DV = shape
+    q, c, s, r, _ = t_cache(B, T, H, HK, D, DV, seed=T + 2 * B)
+    v8, vs, vd = t_v8(B, T, HK, DV, seed=T + 5, dtype=vdt)
+    lens = [max(1, T - (41 * b) % T) for b in range(B)]
+    out = torch.full((B, H, DV), math.nan, dtype=torch.bfloat16, device="cuda")
+    lens_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    call_or_xfail(lowbit.attn_forward_decode_nf4, q, c, s, r, v8, v_scale=vs, seq_lens=lens_t, delta=math.inf, out=out)
+    torch.cuda.synchronize()
+    o_ref, o_bf = t_references(q, c, s, r, vd, lens)
+    err = (out.double() - o_ref).abs().max().item()
+    bound = 3 * (o_bf - o_ref).abs().max().item() + 2 ** -9
+    assert torch.isfinite(out).all() and err <= bound, (err, bound)
+    # the channel scales are applied: doubling one channel's scale doubles that channel, bit for bit
+    vs2 = vs.clone()
+    vs2[:, :, 5] *= 2
+    out2 = lowbit.attn_forward_decode_nf4(q, c, s, r, v8, v_scale=vs2, seq_lens=lens_t, delta=math.inf)
+    assert torch.equal(out2[..., 5].float(), 2 * out[..., 5].float())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vdt", ["float8_e4m3fn", "float8_e5m2"])
+def test_gpu_fp8_v_pruned_matches_cpu_reference(vdt):
+    torch = _torch()
+    B, T, H, HK, D = 4, 1000, 32, 8, 128
+    q, c, s, r, _ = t_cache(B, T, H, HK, D, D, seed=13, sinks=True)
+    v8, vs, _ = t_v8(B, T, HK, D, seed=14, dtype=vdt)
+    kw = dict(block_size=32, sub_block_size=16, delta=2.0, return_skip_ratio=True)
+    out, ratio = call_or_xfail(lowbit.attn_forward_decode_nf4, q, c, s, r, v8, v_scale=vs, **kw)
+    ref, ref_ratio = lowbit.attn_forward_decode_nf4(*(t.cpu() for t in (q, c, s, r, v8)), v_scale=vs.cpu(), **kw)
+    assert ref_ratio.max().item() > 0  # the case prunes
+    assert (ratio.cpu() - ref_ratio).abs().max().item() <= 2 / 32
+    # one bf16 rounding apart (either side of a tie) and fp32 against fp64 sums
+    assert ((out.cpu().double() - ref.double()).abs() <= 2 ** -6 * ref.double().abs().clamp(min=1)).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("delta", [0.0, 2.0])
 def test_gpu_pruning_matches_cpu_reference(delta):
@@ -141,11 +196,12 @@ def _ulp_diff(a, b):
 @pytest.mark.parametrize("residual", RESIDUALS)
 @pytest.mark.parametrize("nibbles", NIBBLES)
 def test_gpu_encode_matches_cpu(case, residual, nibbles):
-    """The fused encode on the GPU against the CPU reference: the rotated keys equal (the fp64
-    projection sums and the frequencies are the reference's; only the device's fp64 cos / sin
-    may move a key by one fp32 ulp, very rarely), and the cache bit for bit nf4_kcache_quantize
-    of the GPU's keys (so equal to the CPU's cache wherever the keys are). Outputs come from the
-    poisoned allocator."""
+    """The fused encode on the GPU against the CPU reference: float32 inputs take the fp64
+    CUDA-core projection, whose rotated keys equal the reference's (only the device's fp64 cos /
+    sin may move a key by one fp32 ulp, very rarely); bf16 / fp16 inputs take the tensor-core
+    projection (fp32 sums), within the fp32 accumulation bound of the reference's keys. The cache
+    is bit for bit nf4_kcache_quantize of the GPU's keys (so equal to the CPU's cache wherever the
+    keys are). Outputs come from the poisoned allocator."""
     torch = _torch()
     B, T, E, HK, D, dt, pdt, theta = case
     g = torch.Generator().manual_seed(B * 1000 + T + D)
@@ -158,9 +214,14 @@ def test_gpu_encode_matches_cpu(case, residual, nibbles):
     torch.cuda.synchronize()
     c, s, r, k = (t.cpu() for t in got)
     want = lowbit.kproj_rope_nf4_encode(x, w, pos, return_k=True, **kw)
-    # the keys: equal, or one fp32 ulp apart in a few elements
-    diff = _ulp_diff(k, want[3])
-    assert diff.max().item() <= 1 and int((diff > 0).sum()) <= max(2, k.numel() // 100000)
+    if dt == "float32":  # the fp64 CUDA-core projection: equal, or one fp32 ulp apart in a few keys
+        diff = _ulp_diff(k, want[3])
+        assert diff.max().item() <= 1 and int((diff > 0).sum()) <= max(2, k.numel() // 100000)
+    else:  # the tensor-core projection sums in fp32: within E 2^-24 sum|x w| of both projections
+        S = (x.double().abs() @ w.double().abs().T).reshape(B, T, HK, D)
+        S2 = S + torch.cat([S[..., D // 2:], S[..., : D // 2]], dim=-1)  # channel c and its rotation partner
+        bound = E * 2.0 ** -24 * S2 + 2.0 ** -23 * want[3].double().abs()
+        assert ((k.double() - want[3].double()).abs() <= bound).all()
     # the cache: exactly the quantize of the GPU's keys
     qc, qs, qr = lowbit.nf4_kcache_quantize(k, residual_dtype=residual, nibble_order=nibbles)
     assert torch.equal(s, qs) and torch.equal(c, qc)
@@ -253,6 +314,41 @@ def test_gpu_append_checks_lengths_on_the_host():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vdt", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("xdt", ["float32", "bfloat16"])
+def test_gpu_fp8_vcache_matches_cpu(vdt, xdt):
+    """fp8_vcache_quantize and fp8_vcache_append on the GPU bit for bit equal to the CPU reference
+    (NaN / Inf values, strided values, a rescaling append with ragged lengths); the bytes past
+    lengths[b] + N must stay as they were; the attention reads the cache."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(21)
+    B, T, HK, D, N = 3, 300, 8, 128, 5
+    v = torch.randn((B, T, 2 * HK, D), generator=g) * torch.exp2(torch.randint(-9, 9, (1, 1, 2 * HK, D), generator=g))
+    v[0, 3, 0, 1], v[2, 7, 4, 9] = math.nan, -math.inf
+    v = v.to(getattr(torch, xdt))[:, :, ::2]  # every other head: a strided view
+    codes, scale = call_or_xfail(lowbit.fp8_vcache_quantize, v.cuda(), vdt)
+    c_ref, s_ref = lowbit.fp8_vcache_quantize(v, vdt)
+    assert torch.equal(codes.cpu().view(torch.uint8), c_ref.view(torch.uint8)) and torch.equal(scale.cpu(), s_ref)
+    lens = torch.tensor([T - N, 17, 0], dtype=torch.int32)
+    new = torch.randn((B, N, HK, D), generator=g) * 4
+    new[:, :, :, ::4] *= 1000  # a quarter of the channels outgrow their scale
+    new = new.to(getattr(torch, xdt))
+    lowbit.fp8_vcache_append(new.cuda(), codes, scale, lens.cuda())
+    torch.cuda.synchronize()
+    s_before = s_ref.clone()
+    lowbit.fp8_vcache_append(new, c_ref, s_ref, lens)
+    assert (s_ref > s_before).any()  # the case does rescale
+    assert torch.equal(codes.cpu().view(torch.uint8), c_ref.view(torch.uint8)) and torch.equal(scale.cpu(), s_ref)
+    q, c, s, r, _ = t_cache(B, T, 32, HK, D, D, seed=22)
+    out = lowbit.attn_forward_decode_nf4(q, c, s, r, codes, v_scale=scale, seq_lens=(lens + N).cuda(), delta=math.inf)
+    ref = lowbit.attn_forward_decode_nf4(*(t.cpu() for t in (q, c, s, r, codes)), v_scale=scale.cpu(),
+                                         seq_lens=lens + N, delta=math.inf)
+    ok = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(out.cpu()), ok)
+    assert ((out.cpu().double() - ref.double()).abs()[ok] <= 2 ** -6 * ref.double().abs()[ok].clamp(min=1)).all()
+
+
+@pytest.mark.gpu
 def test_gpu_torch_ops():
     torch = _torch()
     import lowbit.torch_ops  # noqa: F401  registers torch.ops.lowbit.*
@@ -276,6 +372,16 @@ def test_gpu_torch_ops():
     torch.ops.lowbit.nf4_kcache_append(new, c, s, r, lens)
     assert torch.equal(got[0].cpu(), c) and torch.equal(got[1].cpu(), s)
     assert torch.equal(got[2].cpu().view(torch.uint8), r.view(torch.uint8))
+    # the FP8 V cache through the torch ops, and the attention's v_scale argument
+    vals = torch.randn((2, 50, 2, 64), generator=g)  # the V cache beside the K cache `got` (T = 50)
+    vc, vs = call_or_xfail(torch.ops.lowbit.fp8_vcache_quantize, vals.cuda(), "float8_e5m2")
+    wc, ws = torch.ops.lowbit.fp8_vcache_quantize(vals, "float8_e5m2")
+    assert torch.equal(vc.cpu().view(torch.uint8), wc.view(torch.uint8)) and torch.equal(vs.cpu(), ws)
+    torch.ops.lowbit.fp8_vcache_append(vals[:, :1].cuda() * 100, vc, vs, torch.tensor([3, 49], dtype=torch.int32).cuda())
+    torch.ops.lowbit.fp8_vcache_append(vals[:, :1] * 100, wc, ws, torch.tensor([3, 49], dtype=torch.int32))
+    assert torch.equal(vc.cpu().view(torch.uint8), wc.view(torch.uint8)) and torch.equal(vs.cpu(), ws)
+    out8, _ = torch.ops.lowbit.attn_forward_decode_nf4(q, *got, vc, None, None, 16, 16, math.inf, True, None, vs)
+    assert out8.shape == (2, 8, 64) and torch.isfinite(out8).all()
 
 
 def t_cache_variant(B, T, H, HK, D, seed, residual_dtype, nibble_order):
@@ -343,3 +449,69 @@ def test_gpu_precomputed_threshold_and_unaligned_rows():
     got2 = lowbit.attn_forward_decode_nf4(q.cuda(), cu, s.cuda(), r.cuda(), v.cuda(), delta=math.inf)
     ref2 = lowbit.attn_forward_decode_nf4(q, c, s, r, v, delta=math.inf)
     assert (got2.cpu().double() - ref2.double()).abs().max().item() <= 2 ** -6
+
+
+def t_paginate(x, page, table, pages):
+    """[B, T, ...] -> [pages, page, ...] (torch): token t of sequence b to row t % page of page
+    table[b, t // page]; unused rows hold 0xEE bytes."""
+    torch = _torch()
+    out = torch.full((pages, page) + tuple(x.shape[2:]), 0xEE, dtype=torch.uint8, device=x.device)
+    out = out.view(x.dtype) if x.element_size() == 1 else torch.full_like(out, 0, dtype=x.dtype)
+    B, T = x.shape[:2]
+    for b in range(B):
+        for j in range(-(-T // page)):
+            n = min(page, T - j * page)
+            out[int(table[b, j]), :n] = x[b, j * page:j * page + n]
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [16, 256])
+@pytest.mark.parametrize("v8", [False, True])
+@pytest.mark.parametrize("dims", [(128, 128), (64, 128)], ids=["fused", "generic"])
+def test_gpu_paged_attention_is_the_dense_one(page, v8, dims):
+    """A paged cache (block table of distinct pages in random order) gives the dense call's bits on
+    the GPU (the fused path, and the generic one for D != Dv), pruned and not."""
+    torch = _torch()
+    D, DV = dims
+    B, T, H, HK = 3, 1000, 32, 8
+    q, c, s, r, v = t_cache(B, T, H, HK, D, DV, seed=page + v8, sinks=True)
+    vs = None
+    if v8:
+        v, vs, _ = t_v8(B, T, HK, DV, seed=page, dtype="float8_e4m3fn")
+    per = -(-T // page)
+    pages = B * per + 5
+    table = torch.randperm(pages, generator=torch.Generator().manual_seed(page))[: B * per].reshape(B, per)
+    table = table.to(torch.int32).cuda()
+    lens = torch.tensor([T, 1, 613], dtype=torch.int32, device="cuda")
+    pc, pr, pv = (t_paginate(x, page, table.cpu(), pages) for x in (c, r, v))
+    for delta in (math.inf, 2.0):
+        kw = dict(seq_lens=lens, block_size=32, delta=delta, return_skip_ratio=True, v_scale=vs)
+        dense, dr = call_or_xfail(lowbit.attn_forward_decode_nf4, q, c, s, r, v, **kw)
+        paged, pratio = lowbit.attn_forward_decode_nf4(q, pc, s, pr, pv, block_table=table, **kw)
+        assert torch.equal(paged.view(torch.int16), dense.view(torch.int16)) and torch.equal(pratio, dr)
+
+
+@pytest.mark.gpu
+def test_gpu_paged_appends_match_cpu():
+    """nf4_kcache_append and fp8_vcache_append into pages on the GPU: the CPU reference's bytes."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(31)
+    B, T, H, D, N, P = 3, 200, 8, 128, 4, 16
+    k = torch.randn((B, T, H, D), generator=g)
+    c, s, r = lowbit.nf4_kcache_quantize(k)
+    vc, vsc = lowbit.fp8_vcache_quantize(torch.randn((B, T, H, D), generator=g))
+    per = -(-T // P)
+    pages = B * per + 2
+    table = torch.randperm(pages, generator=g)[: B * per].reshape(B, per).to(torch.int32)
+    pc, pr, pvc = (t_paginate(x, P, table, pages) for x in (c, r, vc))
+    lens = torch.tensor([T - N, 0, 77], dtype=torch.int32)
+    new = torch.randn((B, N, H, D), generator=g) * 3
+    gc, gr, gs, gvc, gvs = pc.cuda(), pr.cuda(), s.cuda(), pvc.cuda(), vsc.cuda()
+    call_or_xfail(lowbit.nf4_kcache_append, new.cuda(), gc, gs, gr, lens.cuda(), block_table=table.cuda())
+    lowbit.fp8_vcache_append(new.cuda(), gvc, gvs, lens.cuda(), block_table=table.cuda())
+    lowbit.nf4_kcache_append(new, pc, s, pr, lens, block_table=table)
+    lowbit.fp8_vcache_append(new, pvc, vsc, lens, block_table=table)
+    assert torch.equal(gs.cpu(), s) and torch.equal(gvs.cpu(), vsc) and torch.equal(gc.cpu(), pc)
+    assert torch.equal(gr.cpu().view(torch.uint8), pr.view(torch.uint8))
+    assert torch.equal(gvc.cpu().view(torch.uint8), pvc.view(torch.uint8))

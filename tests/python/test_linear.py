@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import lowbit
-from linear_common import OUT_DTYPES, MxOps, NvOps, stored
+from linear_common import OUT_DTYPES, MxOps, NvOps, np_nvfp4_pack, stored
 
 
 def _rounded(ref, out_dtype):
@@ -104,6 +104,41 @@ def test_nvfp4_gemm_matches_quantize_then_matmul():
 
 
 # ---------------------------------------------------------------------------------------------
+# nvfp4_gemm with weights prepacked once (nvfp4_gemm_prepack)
+
+@pytest.mark.parametrize("layout", ["row_major", "blocked128x4"])
+def test_nvfp4_gemm_prepack_layout_and_bits(layout):
+    for nv_a in (False, True):
+        ops = NvOps(9, 256, 192, nvfp4_a=nv_a, amax=True, bias=True, seed=5 + nv_a)
+        packed = lowbit.nvfp4_gemm_prepack(ops.b, stored(ops.b_sc, layout), b_scale_layout=layout)
+        assert packed.dtype == np.uint8 and packed.shape == (lowbit._C.nvfp4_gemm_packed_bytes(256, 192),)
+        np.testing.assert_array_equal(packed, np_nvfp4_pack(ops.b, ops.b_sc))
+        kw = dict(a_scale=ops.a_sc, amax_a=ops.amax_a, amax_b=ops.amax_b, bias=ops.bias)
+        plain = lowbit.nvfp4_gemm(ops.a, ops.b, ops.b_sc, **kw)
+        pk = lowbit.nvfp4_gemm(ops.a, packed, None, b_packed=True, n=256, **kw)
+        np.testing.assert_array_equal(pk.view(np.uint16), plain.view(np.uint16))
+
+
+def test_nvfp4_gemm_prepack_errors():
+    ops = NvOps(2, 256, 64, nvfp4_a=False, seed=3)
+    with pytest.raises(ValueError, match="nvfp4_gemm_prepack: argument 'b'.*multiple of 128 and K of 64"):
+        lowbit.nvfp4_gemm_prepack(ops.b[:64], ops.b_sc[:64])
+    with pytest.raises(ValueError, match="nvfp4_gemm_prepack: argument 'b'.*multiple of 128 and K of 64"):
+        lowbit.nvfp4_gemm_prepack(ops.b[:, :16], ops.b_sc[:, :2])
+    with pytest.raises(ValueError, match="nvfp4_gemm_prepack: argument 'b_scale'"):
+        lowbit.nvfp4_gemm_prepack(ops.b, ops.b_sc[:, :3])
+    packed = lowbit.nvfp4_gemm_prepack(ops.b, ops.b_sc)
+    with pytest.raises(ValueError, match="nvfp4_gemm: argument 'b_scale'.*must be None"):
+        lowbit.nvfp4_gemm(ops.a, packed, ops.b_sc, b_packed=True, n=256)
+    with pytest.raises(ValueError, match="nvfp4_gemm: argument 'n'.*required"):
+        lowbit.nvfp4_gemm(ops.a, packed, None, b_packed=True)
+    with pytest.raises(ValueError, match="nvfp4_gemm: argument 'b'.*elements"):
+        lowbit.nvfp4_gemm(ops.a, packed[:-1], None, b_packed=True, n=256)
+    with pytest.raises(ValueError, match="nvfp4_gemm: argument 'out'.*multiple of 128"):
+        lowbit.nvfp4_gemm(ops.a, packed, None, b_packed=True, n=192)
+
+
+# ---------------------------------------------------------------------------------------------
 # argument errors: ValueError naming op and argument, the output untouched
 
 def _mx_call(**over):
@@ -180,7 +215,7 @@ def test_nvfp4_gemm_error_leaves_out_untouched():
 
 
 def test_linears_exported():
-    for name in ("mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm"):
+    for name in ("mxfp4_gemm", "mxfp4_gemm_prepack", "nvfp4_gemm", "nvfp4_gemm_prepack"):
         assert name in lowbit.__all__ and callable(getattr(lowbit, name))
 
 

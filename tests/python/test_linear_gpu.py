@@ -166,3 +166,45 @@ def test_build_info_lists_the_cuda_linears():
     if info["sm"] >= 90 and "group_gemm_mxfp4_nt_groupwise" in info["cuda_ops"]:
         assert "mxfp4_gemm" in info["cuda_ops"]
         assert "nvfp4_gemm" in info["cuda_ops"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 64, 1000])
+@pytest.mark.parametrize("layout", ["row_major", "blocked128x4"])
+def test_nvfp4_gemm_prepacked_weights(torch, M, layout):
+    """nvfp4_gemm_prepack on CUDA writes the CPU prepack's bytes, and the call with them gives the
+    bits of the call without (the same kernel on the same fragments), also through the torch ops."""
+    import lowbit.torch_ops  # noqa: F401
+
+    n, k = 384, 1024
+    ops = NvOps(M, n, k, nvfp4_a=False, amax=True, bias=True, seed=M + 3)
+    b, b_sc = _dev(torch, ops.b), _dev(torch, stored(ops.b_sc, layout))
+    packed = lowbit.nvfp4_gemm_prepack(b, b_sc, b_scale_layout=layout)
+    cpu_packed = lowbit.nvfp4_gemm_prepack(ops.b, stored(ops.b_sc, layout), b_scale_layout=layout)
+    assert packed.is_cuda and np.array_equal(packed.cpu().numpy(), cpu_packed)
+    a, amax_b, bias = _dev(torch, ops.a), _dev(torch, ops.amax_b), _dev(torch, ops.bias)
+    plain = lowbit.nvfp4_gemm(a, b, b_sc, b_scale_layout=layout, amax_b=amax_b, bias=bias)
+    out = torch.empty((M, n), dtype=torch.bfloat16, device="cuda")
+    out.view(torch.int16).fill_(POISON_NAN)
+    lowbit.nvfp4_gemm(a, packed, None, amax_b=amax_b, bias=bias, b_packed=True, out=out)
+    assert torch.equal(out.view(torch.int16), plain.view(torch.int16))
+    op_packed = torch.ops.lowbit.nvfp4_gemm_prepack(b, b_sc, layout)
+    y = torch.ops.lowbit.nvfp4_gemm(a, op_packed, None, None, None, amax_b, bias, "row_major", layout,
+                                    torch.bfloat16, True, n)
+    assert torch.equal(y.view(torch.int16), plain.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_nvfp4_gemm_activation_paths(torch):
+    """Contiguous 16-byte aligned bf16 activations are read as they are; strided or misaligned rows
+    go through the activation pass: the same bits either way."""
+    n, k, M = 256, 512, 37
+    ops = NvOps(M, n, k, nvfp4_a=False, amax=True, seed=9)
+    b, b_sc = _dev(torch, ops.b), _dev(torch, ops.b_sc)
+    a = _dev(torch, ops.a)
+    want = lowbit.nvfp4_gemm(a, b, b_sc, amax_b=_dev(torch, ops.amax_b))
+    for off in (0, 4):  # row stride k + 24; the second 8 bytes off 16-byte alignment
+        wide = torch.zeros((M, k + 24), dtype=a.dtype, device="cuda")
+        wide[:, off:off + k] = a
+        got = lowbit.nvfp4_gemm(wide[:, off:off + k], b, b_sc, amax_b=_dev(torch, ops.amax_b))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -225,6 +225,31 @@ def _cuda_case(fmt, act="bf16"):
     return m
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_prepacked_weights_follow_the_weights(fmt):
+    """The CUDA kernel's layout is made once (from_linear, load_state_dict), is not in the
+    state_dict, and is cleared where the kernel does not take the shape or the layer was made
+    with prepack=False."""
+    lin = _linear(256, 256, True, seed=11)
+    m = CLASSES[fmt].from_linear(lin)
+    want = (lowbit.nvfp4_gemm_prepack(m.qweight, m.weight_scale),) if fmt == "nvfp4" else \
+        lowbit.mxfp4_gemm_prepack(m.qweight, m.weight_scale)
+    got = (m.packed_weight,) if fmt == "nvfp4" else (m.packed_weight, m.packed_scale)
+    assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))
+    assert not any(k.startswith("packed_") for k in m.state_dict())
+    fresh = CLASSES[fmt](256, 256, bias=True)
+    assert fresh.packed_weight.numel() == 0  # nothing to lay out before the weights arrive
+    fresh.load_state_dict(m.state_dict())  # the post-hook prepacks the loaded weights
+    assert torch.equal(fresh.packed_weight, m.packed_weight) and torch.equal(fresh.packed_scale, m.packed_scale)
+    off = CLASSES[fmt](256, 256, bias=True, prepack=False)
+    off.load_state_dict(m.state_dict())
+    assert off.packed_weight.numel() == 0
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    assert torch.equal(off(x), m(x))  # (CPU tensors take the plain path either way)
+    if fmt == "nvfp4":  # N = 96: the CUDA kernel needs N % 128 == 0, so nothing is prepacked
+        assert CLASSES[fmt].from_linear(_linear(256, 96, False, seed=1)).packed_weight.numel() == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,act", [("nvfp4", "bf16"), ("mxfp4", "bf16"), ("mxfp4", "mxfp8")])
 @pytest.mark.parametrize("M", [1, 7, 200])
@@ -240,6 +265,7 @@ def test_gpu_forward_matches_cpu(fmt, act, M):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gpu_cuda_graph_and_compile(fmt):
     m = _cuda_case(fmt)
+    assert m.packed_weight.is_cuda and m.packed_weight.numel() > 0  # the prepacked path is what runs
     x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
     m(x)  # warm-up outside the capture
     torch.cuda.synchronize()
@@ -312,6 +338,28 @@ def test_gpt_oss_experts_against_reference_and_transformers():
     cm = torch.compile(m, fullgraph=True, backend="aot_eager")
     torch._dynamo.reset()
     assert torch.equal(cm(x, ids, wts), y)
+
+
+def test_gpt_oss_experts_prepacked_weights():
+    """from_experts and load_state_dict lay the weights out once for the packed path (not in the
+    state_dict); the op gives the same bits with them (CPU here, CUDA in the gpu test)."""
+    m = lnn.GptOssExperts.from_experts(_hf_experts(seed=3))
+    for name in ("w1", "w2"):
+        pb, ps = lowbit.group_gemm_mxfp4_prepack(getattr(m, name), getattr(m, name + "_scale"), b_scale_layout="row_major")
+        assert torch.equal(getattr(m, name + "_packed"), pb) and torch.equal(getattr(m, name + "_scale_packed"), ps)
+    assert not any("packed" in k for k in m.state_dict())
+    fresh = lnn.GptOssExperts(m.num_experts, m.hidden_size, m.intermediate_size)
+    fresh.load_state_dict(m.state_dict())
+    assert torch.equal(fresh.w2_packed, m.w2_packed)
+    x = torch.randn(6, m.hidden_size)
+    ids = torch.randint(0, m.num_experts, (6, 2), generator=torch.Generator().manual_seed(1)).int()
+    wts = torch.rand(6, 2)
+    args = (x, ids, wts)
+    plain = torch.ops.lowbit.gpt_oss_moe_mlp(*args, m.w1, m.w1_scale, m.b1, m.w2, m.w2_scale, m.b2, m.alpha, m.limit,
+                                             "bf16", False)
+    packed = torch.ops.lowbit.gpt_oss_moe_mlp(*args, m.w1_packed, m.w1_scale_packed, m.b1, m.w2_packed,
+                                              m.w2_scale_packed, m.b2, m.alpha, m.limit, "bf16", True)
+    assert torch.equal(plain, packed)
 
 
 def test_quantize_model_replaces_gpt_oss_experts():
@@ -493,3 +541,29 @@ def test_gpu_model_cuda_graph(name, fmt):
         g.replay()
         torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,act", [("nvfp4", "bf16"), ("mxfp4", "bf16"), ("mxfp4", "mxfp8")])
+def test_gpu_prepacked_forward_is_the_plain_one(fmt, act):
+    """On CUDA the prepacked weights give the bits of the plain call."""
+    m = _cuda_case(fmt, act)
+    kw = {"act": act} if fmt == "mxfp4" else {}
+    plain = CLASSES[fmt](m.in_features, m.out_features, bias=m.bias is not None, device="cuda", prepack=False, **kw)
+    plain.load_state_dict(m.state_dict())
+    assert m.packed_weight.numel() > 0 and plain.packed_weight.numel() == 0
+    for M in (1, 64, 300):
+        x = torch.randn(M, m.in_features, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(m(x).view(torch.int16), plain(x).view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_gpu_gpt_oss_experts_prepacked_is_the_plain_one():
+    m = lnn.GptOssExperts.from_experts(_hf_experts(seed=4).cuda())
+    plain = lnn.GptOssExperts(m.num_experts, m.hidden_size, m.intermediate_size, device="cuda", prepack=False)
+    plain.load_state_dict(m.state_dict())
+    assert m.w1_packed.is_cuda and m.w1_packed.numel() > 0 and plain.w1_packed.numel() == 0
+    x = torch.randn(40, m.hidden_size, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, m.num_experts, (40, 2), device="cuda")
+    wts = torch.rand(40, 2, device="cuda")
+    assert torch.equal(m(x, ids, wts).view(torch.int16), plain(x, ids, wts).view(torch.int16))

@@ -1,6 +1,7 @@
 // src/cuda/attention/launch_decode.hpp: host launchers of the NF4 K-cache decode kernels
 // (lowbit/decode_attention.hpp): the decode attention (sm90_nf4_decode.cu), the fused K
-// projection + RoPE + encode and the append (sm90_nf4_encode.cu). A launcher trusts the
+// projection + RoPE + encode and the append (sm90_nf4_encode.cu), the FP8 V cache
+// (sm90_fp8_vcache.cu). A launcher trusts the
 // validated plan, never throws, and returns the cudaError_t of its launches (as int, so this
 // header needs no CUDA).
 #pragma once
@@ -20,6 +21,11 @@ int kproj_rope_nf4_encode(const detail::KprojRopePlan& plan, void* stream);
 /// Append of decode tokens to the cache (rescaling the channels they outgrow), sm_90a. Reads
 /// plan.lengths_device; plan.lengths (the validated host copy) only sizes the grid.
 int nf4_kcache_append(const detail::KCacheAppendPlan& plan, void* stream);
+
+/// The FP8 V cache (lowbit/vcache.hpp): quantize of a whole cache, and the append with per-channel
+/// rescaling (reads plan.lengths_device; plan.lengths only sizes the grid), sm90_fp8_vcache.cu.
+int fp8_vcache_quantize(const detail::VCachePlan& plan, void* stream);
+int fp8_vcache_append(const detail::VCacheAppendPlan& plan, void* stream);
 
 /// Copies n int32 from the device to the host, ordered on `stream`, and waits for it (the
 /// append's lengths, validated on the host).

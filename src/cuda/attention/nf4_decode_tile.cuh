@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/plan_decode.hpp"
+#include "cuda/attention/decode_heuristics.hpp"
 #include "cuda/common/cp_async.cuh"
 #include "lowbit/kcache.hpp"
 
@@ -22,7 +23,7 @@ constexpr int kTile = 128;    ///< tokens per tile
 constexpr int kThreads = 256; ///< 8 warps: 2 lanes per token when scoring, 16 tokens per warp in P @ V
 constexpr int kMaxHeads = 8;  ///< query heads per CTA in P @ V (o in registers)
 constexpr int kThrSub = 16;   ///< threshold CTAs per pruning block (8 tokens each: block_size <= 128)
-constexpr int kMaxSmem = 227 * 1024;  ///< sm_90 opt-in shared memory per block
+constexpr int kMaxSmem = int(heuristics::decode::kSmemPerCta);  ///< sm_90 opt-in shared memory per block
 
 struct Params {
   DecodeNf4Plan p;
@@ -35,6 +36,8 @@ struct Params {
   int split_tiles;     ///< tiles per split
   int head_chunks;     ///< ceil(G / kHG)
   int qk_heads;        ///< query heads scored per CTA: G when pruning across several head chunks, else kHG
+  int k_stages;        ///< K buffers: 1 (K of tile i + 1 issued once tile i is scored) or 2 (issued
+                       ///< before tile i is scored, a whole iteration ahead)
   bool prune;
 };
 
@@ -62,15 +65,17 @@ template <int kD> constexpr int res_pitch() { return kD + 32; }
 
 template <int kD, bool kRes>
 struct Smem {
-  static constexpr int kCodes = kTile * code_pitch<kD>();          // one K buffer of codes
+  static constexpr int kCodes = kTile * code_pitch<kD>();          // the codes of one K buffer
   static constexpr int kResid = kRes ? kTile * res_pitch<kD>() : 0;
-  static constexpr int kV = kTile * kD * 2;                          // one V buffer (Dv == D, bf16)
-  // layout: codes | resid | v[2] | q[qk_heads][D] | scale[D] | S[2][qk_heads][kTile] | P[kTile][8] |
-  // lut[16] | alpha, m, l [8 each] | thr[64] | ballots[64][8] | keep[2][kTile] | misc[8]
-  static constexpr int kFixed = kCodes + kResid + 2 * kV;
-  static size_t bytes(int qk_heads) {
-    return size_t(kFixed) + size_t(qk_heads) * kD * 4 + kD * 4 + 2 * size_t(qk_heads) * kTile * 4 +
-           kTile * kMaxHeads * 4 + (16 + 3 * kMaxHeads + 64 + 64 * 8 + 2 * kTile + 8) * 4;
+  static constexpr int kKStage = kCodes + kResid;                   // one K buffer: codes | resid
+  /// One V buffer (Dv == D): bf16, or FP8 codes (v8).
+  static constexpr int v_bytes(bool v8) { return kTile * kD * (v8 ? 1 : 2); }
+  // layout: K[k_stages] | v[2] | q[qk_heads][D] | scale[D] | vscale[D] | S[2][qk_heads][kTile] |
+  // P[kTile][8] | lut[16] | alpha, m, l [8 each] | thr[64] | ballots[64][8] | keep[2][kTile] | misc[8]
+  // (the two V buffers also hold the end's reduction of o: 8 * 8 * D floats = 2 * kTile * D bytes)
+  static size_t bytes(int qk_heads, bool v8, int k_stages) {
+    return size_t(k_stages) * kKStage + 2 * size_t(v_bytes(v8)) + size_t(qk_heads) * kD * 4 + 2 * kD * 4 +
+           2 * size_t(qk_heads) * kTile * 4 + kTile * kMaxHeads * 4 + (16 + 3 * kMaxHeads + 64 + 64 * 8 + 2 * kTile + 8) * 4;
   }
 };
 

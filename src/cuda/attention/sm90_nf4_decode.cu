@@ -67,9 +67,9 @@ __global__ void __launch_bounds__(1024) scores_kernel(const Params P) {
   const int c0 = lane * kPer;
   float k[kPer];
   {
-    const uint8_t* codes = P.x.k_nf4 + b * p.kc_stride[0] + t * p.kc_stride[1] + g * p.kc_stride[2];
+    const uint8_t* codes = P.x.k_nf4 + p.pages.offset(p.kc_stride, b, t) + g * p.kc_stride[2];
     const int64_t s0 = b * p.ks_stride[0] + g * p.ks_stride[1];
-    const int64_t r0 = b * p.kr_stride[0] + t * p.kr_stride[1] + g * p.kr_stride[2];
+    const int64_t r0 = p.pages.offset(p.kr_stride, b, t) + g * p.kr_stride[2];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int c = c0 + i;
@@ -196,8 +196,9 @@ __global__ void __launch_bounds__(256) blocks_kernel(const Params P) {
           const int ch = threadIdx.x + 256 * c;
           if (ch >= kDv) continue;
           for (int tt = 0; tt < int(u1 - u0); ++tt) {
+            // bf16, or the FP8 code (its channel scale multiplies the partial o below)
             const float v =
-                decode_bf16(P.x.v[b * p.v_stride[0] + (u0 + tt) * p.v_stride[1] + g * p.v_stride[2] + ch]);
+                detail::load_float(P.x.v, p.v_dtype, p.pages.offset(p.v_stride, b, u0 + tt) + g * p.v_stride[2] + ch);
             for (int i = 0; i < gi; ++i) o[i][c] = fmaf(pw[i][tt], v, o[i][c]);
           }
         }
@@ -214,7 +215,8 @@ __global__ void __launch_bounds__(256) blocks_kernel(const Params P) {
 #pragma unroll
       for (int c = 0; c < kCh; ++c) {
         const int ch = threadIdx.x + 256 * c;
-        if (ch < kDv) dst[2 + ch] = o[i][c];
+        if (ch < kDv)
+          dst[2 + ch] = P.x.v_scale ? o[i][c] * P.x.v_scale[b * p.vs_stride[0] + g * p.vs_stride[1] + ch] : o[i][c];
       }
     }
     if (i0 == 0 && threadIdx.x == 0) P.skipped[(b * p.heads_kv + g) * P.n_chunks + chunk] = skipped;

@@ -23,8 +23,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/plan_decode.hpp"
+#include "cuda/attention/decode_heuristics.hpp"
 #include "cuda/attention/launch_decode.hpp"
 #include "cuda/attention/nf4_decode_generic.hpp"
 #include "cuda/attention/nf4_decode_tile.cuh"
@@ -59,9 +61,9 @@ __global__ void __launch_bounds__(kThreads) threshold_kernel(const Params P) {
     __syncwarp();
     if (t < t1) {
       float k[kPer];
-      const uint8_t* codes = P.x.k_nf4 + b * p.kc_stride[0] + t * p.kc_stride[1] + g * p.kc_stride[2];
+      const uint8_t* codes = P.x.k_nf4 + p.pages.offset(p.kc_stride, b, t) + g * p.kc_stride[2];
       const int64_t s0 = b * p.ks_stride[0] + g * p.ks_stride[1];
-      const int64_t r0 = b * p.kr_stride[0] + t * p.kr_stride[1] + g * p.kr_stride[2];
+      const int64_t r0 = p.pages.offset(p.kr_stride, b, t) + g * p.kr_stride[2];
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int c = lane * kPer + i;
@@ -132,13 +134,18 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
   const int nbt = P.prune ? int(kTile / bs) : 1;  // pruning blocks per tile (bs divides kTile)
   const int bs_shift = P.prune ? __ffs(int(bs)) - 1 : 0;  // bs divides kTile = 128: a power of two
 
+  const bool v8 = p.v_dtype != DType::kBFloat16;  // FP8 V codes (the channel scales applied at the end)
+  const bool v_e4m3 = p.v_dtype == DType::kE4M3;
+  const int vbuf = Sm::v_bytes(v8);                // bytes of one V buffer
+
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* codes_s = smem_raw;
-  uint8_t* resid_s = codes_s + Sm::kCodes;
-  uint8_t* v_s = resid_s + Sm::kResid;        // [2] buffers of Sm::kV bytes
-  float* q_s = reinterpret_cast<float*>(v_s + 2 * Sm::kV);
+  const int ks = P.k_stages;                  // K buffers (1 or 2): tile i in buffer i % ks
+  uint8_t* k_s = smem_raw;                    // [ks] buffers of Sm::kKStage bytes: codes | resid
+  uint8_t* v_s = k_s + ks * Sm::kKStage;      // [2] buffers of vbuf bytes
+  float* q_s = reinterpret_cast<float*>(v_s + 2 * vbuf);
   float* scale_s = q_s + nq * kD;
-  float* S = scale_s + kD;                    // [2][nq][kTile]
+  float* vscale_s = scale_s + kD;             // [Dv]: 1 for bf16 V
+  float* S = vscale_s + kD;                   // [2][nq][kTile]
   float* Pm = S + 2 * nq * kTile;             // P[t][kMaxHeads]
   float* lut = Pm + kTile * kMaxHeads;        // 16
   float* alpha_s = lut + 16;                  // [kMaxHeads]
@@ -150,26 +157,30 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
   int* misc = keep_s + 2 * kTile;             // [0]: skipped blocks
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const uint8_t* kc_base = P.x.k_nf4 + b * p.kc_stride[0] + g * p.kc_stride[2];
-  const uint8_t* kr_base = P.x.k_residual + b * p.kr_stride[0] + g * p.kr_stride[2];
-  const uint16_t* v_base = P.x.v + b * p.v_stride[0] + g * p.v_stride[2];
+  // token t's rows (a paged cache: through the block table)
+  const uint8_t* kc_base = P.x.k_nf4 + g * p.kc_stride[2];
+  const uint8_t* kr_base = P.x.k_residual + g * p.kr_stride[2];
+  const int v_es = v8 ? 1 : 2;  // bytes per V element
+  const uint8_t* v_base = static_cast<const uint8_t*>(P.x.v) + g * p.v_stride[2] * v_es;
   auto tile_start = [&](int tile) { return t_begin + int64_t(tile) * kTile; };
   auto tile_len = [&](int tile) { return int(t_end - tile_start(tile) < kTile ? t_end - tile_start(tile) : kTile); };
 
-  // K codes and residuals of tile `tile` into the K buffer
+  // K codes and residuals of tile `tile` into its K buffer
   auto load_k = [&](int tile) {
+    uint8_t* codes_s = k_s + (tile % ks) * Sm::kKStage;
+    uint8_t* resid_s = codes_s + Sm::kCodes;
     const int64_t t0 = tile_start(tile);
     const int nt = tile_len(tile);
     constexpr int kCg = kD / 32;  // 16-byte granules of a token's codes
     for (int e = tid; e < nt * kCg; e += kThreads) {
       const int t = e / kCg, c = e % kCg;
-      cp_async16(codes_s + t * code_pitch<kD>() + 16 * c, kc_base + (t0 + t) * p.kc_stride[1] + 16 * c);
+      cp_async16(codes_s + t * code_pitch<kD>() + 16 * c, kc_base + p.pages.offset(p.kc_stride, b, t0 + t) + 16 * c);
     }
     if constexpr (kRes) {
       constexpr int kRg = kD / 16;
       for (int e = tid; e < nt * kRg; e += kThreads) {
         const int t = e / kRg, c = e % kRg;
-        cp_async16(resid_s + t * res_pitch<kD>() + 16 * c, kr_base + (t0 + t) * p.kr_stride[1] + 16 * c);
+        cp_async16(resid_s + t * res_pitch<kD>() + 16 * c, kr_base + p.pages.offset(p.kr_stride, b, t0 + t) + 16 * c);
       }
     }
   };
@@ -178,11 +189,11 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
     const int64_t t0 = tile_start(tile);
     const int nt = tile_len(tile);
     const int* keep = keep_s + buf * kTile;
-    constexpr int kVg = kDv / 8;  // 16-byte granules of a token's V row
-    for (int e = tid; e < nt * kVg; e += kThreads) {
-      const int t = e / kVg, c = e % kVg;
+    const int vg = kDv * v_es / 16;  // 16-byte granules of a token's V row
+    for (int e = tid; e < nt * vg; e += kThreads) {
+      const int t = e / vg, c = e % vg;
       if (P.prune && !keep[t >> bs_shift]) continue;
-      cp_async16(v_s + buf * Sm::kV + t * kDv * 2 + 16 * c, v_base + (t0 + t) * p.v_stride[1] + 8 * c);
+      cp_async16(v_s + buf * vbuf + t * kDv * v_es + 16 * c, v_base + p.pages.offset(p.v_stride, b, t0 + t) * v_es + 16 * c);
     }
   };
 
@@ -192,8 +203,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
   for (int e = tid; e < nq * kD; e += kThreads)
     q_s[e] = e / kD < nq_real ? decode_bf16(P.x.q[b * p.q_stride[0] + (g * G + q_first + e / kD) * p.q_stride[2] + e % kD])
                               : 0.f;
-  for (int c = tid; c < kD; c += kThreads)
+  for (int c = tid; c < kD; c += kThreads) {
     scale_s[c] = detail::load_float(P.x.k_scale, p.scale_dtype, b * p.ks_stride[0] + g * p.ks_stride[1] + c);
+    vscale_s[c] = v8 ? P.x.v_scale[b * p.vs_stride[0] + g * p.vs_stride[1] + c] : 1.f;
+  }
   if (tid < 16) lut[tid] = nf4_value(uint8_t(tid));
   if (tid < kMaxHeads) {
     m_run[tid] = -INFINITY;
@@ -208,8 +221,11 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
     for (int c = 0; c < kCV; ++c) o[h][c] = 0.f;
 
   // Iteration it scores tile it (K landed), decides its blocks, starts K(it + 1) and V(it), then
-  // runs softmax and P @ V of tile it - 1, whose V was started one iteration earlier. cp.async
-  // groups: K0 | per iteration: K(it + 1), V(it) (empty groups keep the count uniform).
+  // runs softmax and P @ V of tile it - 1, whose V was started one iteration earlier. K(it + 1) is
+  // started before tile it is scored with two K buffers, after it with one. cp.async groups:
+  // K0 | per iteration: K(it + 1), V(it) (empty groups keep the count uniform), so the waits are
+  // the same for both: K(it) at the top of iteration it has V(it - 1) after it, V(it - 1) before
+  // P @ V has K(it + 1) and V(it).
   bool have_thr = false;
   for (int it = 0; it <= n_tiles; ++it) {
     const int cur = it & 1, prv = cur ^ 1;
@@ -221,9 +237,14 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
       else
         cp_async_wait<1>();  // K(it); V(it - 1) may be in flight
       __syncthreads();
+      if (ks == 2) {  // the other K buffer held tile it - 1, scored by every thread before the barrier
+        if (it + 1 < n_tiles) load_k(it + 1);
+        cp_async_commit();
+      }
+      const uint8_t* codes_s = k_s + (it % ks) * Sm::kKStage;
       float* Sc = S + cur * nq * kTile;
       for (int h0 = 0; h0 < nq; h0 += kHG)
-        score_tile<kD, kHG, kRes>(P, codes_s, resid_s, q_s, scale_s, lut, Sc, h0, min(kHG, nq - h0), nt);
+        score_tile<kD, kHG, kRes>(P, codes_s, codes_s + Sm::kCodes, q_s, scale_s, lut, Sc, h0, min(kHG, nq - h0), nt);
       if (P.prune && !have_thr) {
         griddep_wait();  // the threshold kernel's results
         if (tid < nq_real) {
@@ -274,8 +295,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
         keep[tid] = k;
       }
       __syncthreads();
-      if (it + 1 < n_tiles) load_k(it + 1);  // the K buffer is free: every thread has scored
-      cp_async_commit();
+      if (ks == 1) {
+        if (it + 1 < n_tiles) load_k(it + 1);  // the K buffer is free: every thread has scored
+        cp_async_commit();
+      }
       load_v(it, cur);
       cp_async_commit();
     } else {
@@ -331,34 +354,66 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
 #pragma unroll
         for (int c = 0; c < kCV; ++c) o[h][c] *= a;
       }
-      const uint8_t* vb = v_s + prv * Sm::kV;
+      const uint8_t* vb = v_s + prv * vbuf;
+      // one token's V channels [kCV lane, kCV lane + kCV) as floats: bf16 bits, or FP8 codes
+      auto pv_tokens = [&](auto load_row) {
 #pragma unroll 2
-      for (int u = 0; u < 16; ++u) {
-        const int t = 16 * warp + u;
-        if (t >= ntj || (P.prune && !keep[t >> bs_shift])) continue;
-        float v[kCV];
-        const uint16_t* vr = reinterpret_cast<const uint16_t*>(vb + t * kDv * 2) + kCV * lane;
-        if constexpr (kCV == 2) {
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(vr);
-          v[0] = __uint_as_float(w << 16);
-          v[1] = __uint_as_float(w & 0xFFFF0000u);
-        } else {
+        for (int u = 0; u < 16; ++u) {
+          const int t = 16 * warp + u;
+          if (t >= ntj || (P.prune && !keep[t >> bs_shift])) continue;
+          float v[kCV];
+          load_row(t, v);
+          const float* pr = Pm + t * kMaxHeads;
 #pragma unroll
-          for (int c4 = 0; c4 < kCV / 4; ++c4) {
-            const uint2 w = *reinterpret_cast<const uint2*>(vr + 4 * c4);
-            v[4 * c4 + 0] = __uint_as_float(w.x << 16);
-            v[4 * c4 + 1] = __uint_as_float(w.x & 0xFFFF0000u);
-            v[4 * c4 + 2] = __uint_as_float(w.y << 16);
-            v[4 * c4 + 3] = __uint_as_float(w.y & 0xFFFF0000u);
+          for (int h = 0; h < kHG; ++h) {
+            const float pt = pr[h];
+#pragma unroll
+            for (int c = 0; c < kCV; ++c) o[h][c] = fmaf(pt, v[c], o[h][c]);
           }
         }
-        const float* pr = Pm + t * kMaxHeads;
+      };
+      if (!v8) {
+        pv_tokens([&](int t, float* v) {
+          const uint16_t* vr = reinterpret_cast<const uint16_t*>(vb + t * kDv * 2) + kCV * lane;
+          if constexpr (kCV == 2) {
+            const uint32_t w = *reinterpret_cast<const uint32_t*>(vr);
+            v[0] = __uint_as_float(w << 16);
+            v[1] = __uint_as_float(w & 0xFFFF0000u);
+          } else {
 #pragma unroll
-        for (int h = 0; h < kHG; ++h) {
-          const float pt = pr[h];
+            for (int c4 = 0; c4 < kCV / 4; ++c4) {
+              const uint2 w = *reinterpret_cast<const uint2*>(vr + 4 * c4);
+              v[4 * c4 + 0] = __uint_as_float(w.x << 16);
+              v[4 * c4 + 1] = __uint_as_float(w.x & 0xFFFF0000u);
+              v[4 * c4 + 2] = __uint_as_float(w.y << 16);
+              v[4 * c4 + 3] = __uint_as_float(w.y & 0xFFFF0000u);
+            }
+          }
+        });
+      } else {
+        pv_tokens([&](int t, float* v) {
+          const uint8_t* vr = vb + t * kDv + kCV * lane;
+          uint32_t w[kCV / 2];  // kCV = 2, 4 or 8 codes: one pair per word
+          if constexpr (kCV == 2) {
+            w[0] = *reinterpret_cast<const uint16_t*>(vr);
+          } else if constexpr (kCV == 4) {
+            const uint32_t x = *reinterpret_cast<const uint32_t*>(vr);
+            w[0] = x;
+            w[1] = x >> 16;
+          } else {
+            const uint2 x = *reinterpret_cast<const uint2*>(vr);
+            w[0] = x.x;
+            w[1] = x.x >> 16;
+            w[2] = x.y;
+            w[3] = x.y >> 16;
+          }
 #pragma unroll
-          for (int c = 0; c < kCV; ++c) o[h][c] = fmaf(pt, v[c], o[h][c]);
-        }
+          for (int i = 0; i < kCV / 2; ++i) {
+            const float2 f = fp8x2_to_float2(w[i], v_e4m3);
+            v[2 * i] = f.x;
+            v[2 * i + 1] = f.y;
+          }
+        });
       }
     }
     __syncthreads();
@@ -378,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_kernel(const Params P) {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) s += red[(w * kHG + h) * kDv + c];
-    P.part[((int64_t(b) * p.heads + g * G + h_own + h) * n_splits + split) * (2 + kDv) + 2 + c] = s;
+    P.part[((int64_t(b) * p.heads + g * G + h_own + h) * n_splits + split) * (2 + kDv) + 2 + c] = s * vscale_s[c];
   }
   if (tid < n_own) {
     float* dst = P.part + ((int64_t(b) * p.heads + g * G + h_own + tid) * n_splits + split) * (2 + kDv);
@@ -422,7 +477,7 @@ template <int kD, int kHG, bool kRes>
 cudaError_t launch(Params P, cudaStream_t st, int device) {
   const DecodeNf4Plan& p = P.p;
   auto kern = split_kernel<kD, kHG, kRes>;
-  const size_t smem = Smem<kD, kRes>::bytes(P.qk_heads);
+  const size_t smem = Smem<kD, kRes>::bytes(P.qk_heads, p.v_dtype != DType::kBFloat16, P.k_stages);
   if (smem > size_t(kMaxSmem)) return cudaErrorInvalidValue;  // excluded by the dispatch
   static std::atomic<uint64_t> opted{0};
   if (cudaError_t e = opt_in_smem(kern, kMaxSmem, device, opted)) return e;  // once, the largest any call needs
@@ -476,15 +531,22 @@ void head_split(Params& P, int G, int& kHG) {
 }
 
 /// Whether the split kernel's shared memory fits for this call.
-bool smem_fits(const DecodeNf4Plan& p, int qk_heads) {
-  size_t b = 0;
+/// The split kernel's shared memory for this call with `k_stages` K buffers.
+size_t smem_bytes(const DecodeNf4Plan& p, int qk_heads, int k_stages) {
+  const bool v8 = p.v_dtype != DType::kBFloat16, r = p.use_residual;
   switch (p.head_dim) {
-    case 64: b = p.use_residual ? Smem<64, true>::bytes(qk_heads) : Smem<64, false>::bytes(qk_heads); break;
-    case 128: b = p.use_residual ? Smem<128, true>::bytes(qk_heads) : Smem<128, false>::bytes(qk_heads); break;
-    case 256: b = p.use_residual ? Smem<256, true>::bytes(qk_heads) : Smem<256, false>::bytes(qk_heads); break;
-    default: return false;
+    case 64: return r ? Smem<64, true>::bytes(qk_heads, v8, k_stages) : Smem<64, false>::bytes(qk_heads, v8, k_stages);
+    case 128: return r ? Smem<128, true>::bytes(qk_heads, v8, k_stages) : Smem<128, false>::bytes(qk_heads, v8, k_stages);
+    case 256: return r ? Smem<256, true>::bytes(qk_heads, v8, k_stages) : Smem<256, false>::bytes(qk_heads, v8, k_stages);
+    default: return ~size_t(0);
   }
-  return b <= size_t(kMaxSmem);
+}
+
+/// K buffers of this call (decode_heuristics.hpp), 0 when the split kernel does not fit at all.
+int k_stages_for(const DecodeNf4Plan& p, int qk_heads) {
+  const char* env = std::getenv("LOWBIT_DECODE_K_STAGES");  // development A/B only
+  const int forced = env && (env[0] == '1' || env[0] == '2') && env[1] == 0 ? env[0] - '0' : 0;
+  return heuristics::decode::pick_k_stages(smem_bytes(p, qk_heads, 1), smem_bytes(p, qk_heads, 2), forced);
 }
 
 template <int kD>
@@ -520,8 +582,9 @@ int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Pt
   if (plan.use_residual)
     fused = fused && aligned16(ptrs.k_residual, plan.kr_stride[0]) && aligned16(ptrs.k_residual, plan.kr_stride[1]) &&
             aligned16(ptrs.k_residual, plan.kr_stride[2]);
-  fused = fused && aligned16(ptrs.v, 2 * plan.v_stride[0]) && aligned16(ptrs.v, 2 * plan.v_stride[1]) &&
-          aligned16(ptrs.v, 2 * plan.v_stride[2]);
+  const int v_es = plan.v_dtype == DType::kBFloat16 ? 2 : 1;
+  fused = fused && aligned16(ptrs.v, v_es * plan.v_stride[0]) && aligned16(ptrs.v, v_es * plan.v_stride[1]) &&
+          aligned16(ptrs.v, v_es * plan.v_stride[2]);
   if (prune) fused = fused && plan.block_size <= kTile && kTile % plan.block_size == 0 && G <= 64;
   if (plan.heads_kv > 65535 / ((G + 7) / 8)) fused = false;
   Params P{};
@@ -530,7 +593,8 @@ int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Pt
   P.prune = prune;
   int kHG = 8;
   head_split(P, G, kHG);
-  if (!fused || !smem_fits(plan, P.qk_heads)) return attn_decode_nf4_generic(plan, ptrs, workspace, workspace_bytes, stream);
+  P.k_stages = fused ? k_stages_for(plan, P.qk_heads) : 0;
+  if (P.k_stages == 0) return attn_decode_nf4_generic(plan, ptrs, workspace, workspace_bytes, stream);
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device)) return e;
   const auto st = static_cast<cudaStream_t>(stream);

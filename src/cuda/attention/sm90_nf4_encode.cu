@@ -4,11 +4,13 @@
 // kproj_rope_nf4_encode, three kernels on one stream (no host sync):
 //   1. zero the scales;
 //   2. projection + RoPE + amax: a CTA per (128 token rows, 32 channel pairs (c, c + D/2)), so a
-//      thread holds both halves a rotation mixes. The projection is a plain tiled CUDA-core GEMM
-//      (NOT tensor cores) whose products and sums are fp64: a product of two fp32-exact values is
-//      exact in fp64, so the FMA equals the reference's multiply-then-add, and each output sums
-//      over hidden in the reference's order (0, 1, 2, ...): the fp32-rounded projection is bit for
-//      bit the reference's. RoPE in fp64 as the reference: the frequencies from the host's
+//      thread holds both halves a rotation mixes in the epilogue. Two mainloops: for bf16 / fp16
+//      x and w_k (tc_ok) mma.sync tensor cores with fp32 sums (within hidden x 2^-24 x sum |x w|
+//      of the reference); otherwise a tiled CUDA-core GEMM whose products and sums are fp64: a
+//      product of two fp32-exact values is exact in fp64, so the FMA equals the reference's
+//      multiply-then-add, and each output sums over hidden in the reference's order (0, 1, 2,
+//      ...): the fp32-rounded projection is bit for bit the reference's. RoPE in fp64 as the
+//      reference: the frequencies from the host's
 //      std::pow (D <= 512; the angles are then the reference's), cos and sin from the CUDA math
 //      library, which may differ from the host's libm in the last fp64 bit: a key can then differ
 //      by one fp32 ulp, very rarely. The rotated fp32 keys go to k_out (or pool scratch), and each
@@ -16,7 +18,7 @@
 //      atomicMax on the fp32 bits (the scale IS the amax, bits included);
 //   3. encode: one thread per 16 channels of a (b, t, h) (16-byte loads / stores) when the cache
 //      is contiguous along D, else per channel pair: codes and residuals by the kcache.hpp rule.
-//   Bytes: the keys are written once (fp32) and read once by the encode; the GEMM dominates.
+//   Bytes: the keys are written once (fp32) and read once by the encode.
 //
 // nf4_kcache_append, two kernels (lengths read on the device, clamped to [0, T - N]):
 //   1. a thread per (b, h, channel): a = finite amax of the N new tokens, s = stored scale;
@@ -38,11 +40,13 @@
 #include <cstdint>
 
 #include "core/plan_decode.hpp"
+#include "cuda/attention/cache_append.cuh"
 #include "cuda/attention/launch_decode.hpp"
 #include "cuda/common/codecs.cuh"
 #include "cuda/common/device_info.cuh"
 #include "cuda/common/indexing.cuh"
 #include "cuda/common/memory.cuh"
+#include "cuda/common/mma_sync.cuh"
 #include "cuda/common/workspace.cuh"
 #include "lowbit/kcache.hpp"
 
@@ -93,32 +97,108 @@ __global__ void kc_zero_scale(const KCachePlan p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// projection + RoPE + amax (CUDA cores, fp64)
+// projection + RoPE + amax: the tile's tables, the epilogue, and the two mainloops (CUDA-core fp64;
+// tensor cores for bf16 / fp16 operands)
 
-__global__ void __launch_bounds__(kThreads) kproj_rope_amax(const ProjParams q) {
-  __shared__ __align__(16) unsigned char smem[kSmemBytes];
-  __shared__ double inv_freq[kBP];
-  __shared__ int64_t row_x[kBM], row_b[kBM], row_t[kBM], col_w[2 * kBP];
-  double(*As)[kAS] = reinterpret_cast<double(*)[kAS]>(smem);                 // [kBK][kAS]
-  double(*Bs)[kBS] = reinterpret_cast<double(*)[kBS]>(smem + kBK * kAS * 8);  // [kBK][kBS]
-  uint32_t* am = reinterpret_cast<uint32_t*>(smem);                          // [kBM][2 kBP]
+/// The rows, columns and rotary frequencies of one projection tile (128 token rows x 32 pairs).
+struct ProjTile {
+  double inv_freq[kBP];
+  int64_t row_x[kBM];     ///< x offset of the row (-1: past the last row)
+  int64_t row_b[kBM], row_t[kBM];
+  int64_t col_w[2 * kBP];  ///< w_k offset of column pl (pair pl's c) and kBP + pl (its c + D/2); -1: none
+};
+
+/// Fills the tile's tables (threads 0 .. kBM + 3 kBP - 1); the caller synchronises.
+__device__ __forceinline__ void proj_tile_setup(const ProjParams& q, ProjTile& s, int64_t m0, int64_t p0) {
   const KprojRopePlan& p = q.p;
-  const int tid = int(threadIdx.x), tx = tid % 16, ty = tid / 16;
-  const int64_t m0 = int64_t(blockIdx.x) * kBM, p0 = int64_t(blockIdx.y) * kBP;
-  if (tid < kBM) {  // the tile's rows: x offsets (-1: past the last row), sequence and token
+  const int tid = int(threadIdx.x);
+  if (tid < kBM) {
     const int64_t m = m0 + tid, b = m / p.seqlen, t = m - b * p.seqlen;
-    row_x[tid] = m < q.M ? b * p.x_stride[0] + t * p.x_stride[1] : -1;
-    row_b[tid] = b;
-    row_t[tid] = t;
+    s.row_x[tid] = m < q.M ? b * p.x_stride[0] + t * p.x_stride[1] : -1;
+    s.row_b[tid] = b;
+    s.row_t[tid] = t;
   } else if (tid < kBM + 2 * kBP) {  // the tile's columns: rows of w_k (pair pp, half j)
     const int col = tid - kBM, j = col / kBP;
     const int64_t pp = p0 + col % kBP, h = pp / q.half, c = pp - h * q.half;
-    col_w[col] = pp < q.P ? (h * 2 * q.half + c + j * q.half) * p.w_stride[0] : -1;
+    s.col_w[col] = pp < q.P ? (h * 2 * q.half + c + j * q.half) * p.w_stride[0] : -1;
   } else if (tid < kBM + 2 * kBP + kBP) {  // f_c = rope_theta^(-2c / D) of the tile's pairs
     const int i = tid - kBM - 2 * kBP;
     const int64_t c = (p0 + i) % q.half;
-    inv_freq[i] = q.host_freq ? q.inv_freq[c] : pow(p.rope_theta, -double(2 * c) / double(p.head_dim));
+    s.inv_freq[i] = q.host_freq ? q.inv_freq[c] : pow(p.rope_theta, -double(2 * c) / double(p.head_dim));
   }
+}
+
+/// RoPE in fp64 of the projections acc[r][j][half] (row ty + 16 r, pair tx + 16 j, each already an
+/// fp32 value), the fp32 keys out, their finite |k| bits folded into the scales through the amax tile
+/// `am` (smem, [kBM][2 kBP]; the caller's mainloop is done with the memory it aliases).
+__device__ __forceinline__ void rope_amax_epilogue(const ProjParams& q, const ProjTile& s, uint32_t* am,
+                                                   const double (&acc)[kRows][kPairs][2], int64_t p0) {
+  const KprojRopePlan& p = q.p;
+  const int tid = int(threadIdx.x), tx = tid % 16, ty = tid / 16;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = ty + 16 * r;
+    const bool rin = s.row_x[row] >= 0;
+    const int64_t b = s.row_b[row], t = s.row_t[row];
+    double pos = 0.0;
+    if (rin) {
+      const int64_t po = b * p.p_stride[0] + t * p.p_stride[1];
+      pos = p.positions64 ? double(static_cast<const int64_t*>(p.positions)[po])
+                          : double(static_cast<const int32_t*>(p.positions)[po]);
+    }
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int pl = tx + 16 * j;
+      const int64_t pp = p0 + pl;
+      uint32_t a0 = 0, a1 = 0;
+      if (rin && pp < q.P) {
+        const double ang = pos * s.inv_freq[pl];
+        const double cs = cos(ang), sn = sin(ang);
+        const double x0 = double(float(acc[r][j][0])), x1 = double(float(acc[r][j][1]));
+        const float k0 = float(x0 * cs - x1 * sn), k1 = float(x1 * cs + x0 * sn);
+        const int64_t h = pp / q.half, c = pp - h * q.half;
+        float* kp = q.k + b * q.ks[0] + t * q.ks[1] + h * q.ks[2] + c;
+        kp[0] = k0;
+        kp[q.half] = k1;
+        a0 = finite_abs_bits(k0);  // NaN / Inf ignored
+        a1 = finite_abs_bits(k1);
+      }
+      am[row * 2 * kBP + pl] = a0;
+      am[row * 2 * kBP + kBP + pl] = a1;
+    }
+  }
+  __syncthreads();
+  // column maxima over runs of rows of one sequence: 4 threads per column, 32 rows each
+  const int col = tid % (2 * kBP), part = tid / (2 * kBP);
+  const int64_t pp = p0 + col % kBP;
+  if (pp >= q.P) return;
+  const int64_t h = pp / q.half, ch = pp - h * q.half + (col >= kBP ? q.half : 0);
+  const KCachePlan& c = p.cache;
+  unsigned* sbase = reinterpret_cast<unsigned*>(c.scale) + h * c.s_s[1] + ch * c.s_s[2];
+  int64_t cur = -1;
+  uint32_t run = 0;
+  for (int row = part * (kBM / 4); row < (part + 1) * (kBM / 4) && s.row_x[row] >= 0; ++row) {
+    if (s.row_b[row] != cur) {
+      if (run) atomicMax(sbase + cur * c.s_s[0], run);
+      cur = s.row_b[row];
+      run = 0;
+    }
+    const uint32_t v = am[row * 2 * kBP + col];
+    run = v > run ? v : run;
+  }
+  if (run) atomicMax(sbase + cur * c.s_s[0], run);
+}
+
+// CUDA cores, fp64: bit for bit the reference's projection (any dtypes and strides)
+__global__ void __launch_bounds__(kThreads) kproj_rope_amax(const ProjParams q) {
+  __shared__ __align__(16) unsigned char smem[kSmemBytes];
+  __shared__ ProjTile tile;
+  double(*As)[kAS] = reinterpret_cast<double(*)[kAS]>(smem);                 // [kBK][kAS]
+  double(*Bs)[kBS] = reinterpret_cast<double(*)[kBS]>(smem + kBK * kAS * 8);  // [kBK][kBS]
+  const KprojRopePlan& p = q.p;
+  const int tid = int(threadIdx.x), tx = tid % 16, ty = tid / 16;
+  const int64_t m0 = int64_t(blockIdx.x) * kBM, p0 = int64_t(blockIdx.y) * kBP;
+  proj_tile_setup(q, tile, m0, p0);
   __syncthreads();
 
   double acc[kRows][kPairs][2];
@@ -134,12 +214,12 @@ __global__ void __launch_bounds__(kThreads) kproj_rope_amax(const ProjParams q) 
     const bool kin = kk < p.hidden;
 #pragma unroll
     for (int l = 0; l < kRows; ++l) {
-      const int64_t xo = row_x[ty + 16 * l];
+      const int64_t xo = tile.row_x[ty + 16 * l];
       xr[l] = kin && xo >= 0 ? load_float(p.x, p.x_dtype, xo + kk * p.x_stride[2]) : 0.0f;
     }
 #pragma unroll
     for (int l = 0; l < 2 * kBP / 16; ++l) {
-      const int64_t wo = col_w[ty + 16 * l];
+      const int64_t wo = tile.col_w[ty + 16 * l];
       wr[l] = kin && wo >= 0 ? load_float(p.w, p.w_dtype, wo + kk * p.w_stride[1]) : 0.0f;
     }
   };
@@ -172,60 +252,118 @@ __global__ void __launch_bounds__(kThreads) kproj_rope_amax(const ProjParams q) 
     }
     __syncthreads();
   }
+  rope_amax_epilogue(q, tile, reinterpret_cast<uint32_t*>(smem), acc, p0);
+}
 
-  // epilogue: RoPE in fp64, the fp32 keys out, their finite |k| bits into the amax tile
+// Tensor cores (mma.sync m16n8k16, fp32 accumulators) for bf16 / fp16 x and w_k with contiguous
+// hidden and 16-byte aligned rows (tc_ok): the same tile and epilogue; 8 warps of 32 rows x 32
+// columns; stages of 32 hidden elements in padded shared rows (conflict-free fragment loads), the
+// next stage's 16-byte loads issued before the current stage's products.
+constexpr int kTK = 32;                           ///< hidden elements per tensor-core stage
+constexpr int kTPitch = kTK + 8;                  ///< elements per staged row (80 bytes)
+constexpr int kCPitch = 2 * kBP + 4;              ///< floats per row of the accumulator tile
+constexpr int kTcSmem = kBM * kCPitch * 4;        ///< the accumulator tile (the largest use)
+static_assert((kBM + 2 * kBP) * kTPitch * 2 <= kTcSmem && kSmemBytes <= kTcSmem, "tensor-core smem uses");
+
+template <bool kFp16>
+__global__ void __launch_bounds__(kThreads) kproj_rope_amax_tc(const ProjParams q) {
+  __shared__ __align__(16) unsigned char smem[kTcSmem];
+  __shared__ ProjTile tile;
+  uint16_t* As = reinterpret_cast<uint16_t*>(smem);  // [kBM][kTPitch]
+  uint16_t* Bs = As + kBM * kTPitch;                 // [2 kBP][kTPitch]: row n = w_k row col_w[n]
+  const KprojRopePlan& p = q.p;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int wm = warp % 4, wn = warp / 4;  // this warp: rows [32 wm, 32 wm + 32), columns [32 wn, 32 wn + 32)
+  const int64_t m0 = int64_t(blockIdx.x) * kBM, p0 = int64_t(blockIdx.y) * kBP;
+  proj_tile_setup(q, tile, m0, p0);
+  __syncthreads();
+  const uint16_t* x = static_cast<const uint16_t*>(p.x);
+  const uint16_t* w = static_cast<const uint16_t*>(p.w);
+  // chunks of 8 elements: A 128 rows x 4 (two per thread), B 64 rows x 4 (one per thread)
+  uint4 ra[2], rb;
+  auto fetch = [&](int64_t k0) {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int row = ty + 16 * r;
-    const bool rin = row_x[row] >= 0;
-    const int64_t b = row_b[row], t = row_t[row];
-    double pos = 0.0;
-    if (rin) {
-      const int64_t po = b * p.p_stride[0] + t * p.p_stride[1];
-      pos = p.positions64 ? double(static_cast<const int64_t*>(p.positions)[po])
-                          : double(static_cast<const int32_t*>(p.positions)[po]);
+    for (int i = 0; i < 2; ++i) {
+      const int ch = tid + kThreads * i, row = ch / 4;
+      const int64_t kk = k0 + 8 * (ch % 4), xo = tile.row_x[row];
+      ra[i] = xo >= 0 && kk < p.hidden ? *reinterpret_cast<const uint4*>(x + xo + kk) : make_uint4(0, 0, 0, 0);
     }
+    const int64_t kk = k0 + 8 * (tid % 4), wo = tile.col_w[tid / 4];
+    rb = wo >= 0 && kk < p.hidden ? *reinterpret_cast<const uint4*>(w + wo + kk) : make_uint4(0, 0, 0, 0);
+  };
+  float acc[2][4][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+  if (p.hidden > 0) fetch(0);
+  for (int64_t k0 = 0; k0 < p.hidden; k0 += kTK) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int ch = tid + kThreads * i;
+      *reinterpret_cast<uint4*>(As + (ch / 4) * kTPitch + 8 * (ch % 4)) = ra[i];
+    }
+    *reinterpret_cast<uint4*>(Bs + (tid / 4) * kTPitch + 8 * (tid % 4)) = rb;
+    __syncthreads();
+    if (k0 + kTK < p.hidden) fetch(k0 + kTK);
+#pragma unroll
+    for (int ks = 0; ks < kTK; ks += 16) {
+      uint32_t a[2][4], b[4][2];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const uint16_t* r0 = As + (32 * wm + 16 * mi + g) * kTPitch + ks + 2 * t4;
+        a[mi][0] = *reinterpret_cast<const uint32_t*>(r0);
+        a[mi][1] = *reinterpret_cast<const uint32_t*>(r0 + 8 * kTPitch);
+        a[mi][2] = *reinterpret_cast<const uint32_t*>(r0 + 8);
+        a[mi][3] = *reinterpret_cast<const uint32_t*>(r0 + 8 * kTPitch + 8);
+      }
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+        const uint16_t* c0 = Bs + (32 * wn + 8 * ni + g) * kTPitch + ks + 2 * t4;
+        b[ni][0] = *reinterpret_cast<const uint32_t*>(c0);
+        b[ni][1] = *reinterpret_cast<const uint32_t*>(c0 + 8);
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) mma_16816<kFp16>(acc[mi][ni], a[mi], b[ni]);
+    }
+    __syncthreads();
+  }
+  // the accumulators through shared memory into the epilogue's layout (row ty + 16 r, pair tx + 16 j)
+  float* Cs = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+      const int row = 32 * wm + 16 * mi + g, col = 32 * wn + 8 * ni + 2 * t4;
+      Cs[row * kCPitch + col] = acc[mi][ni][0];
+      Cs[row * kCPitch + col + 1] = acc[mi][ni][1];
+      Cs[(row + 8) * kCPitch + col] = acc[mi][ni][2];
+      Cs[(row + 8) * kCPitch + col + 1] = acc[mi][ni][3];
+    }
+  __syncthreads();
+  const int tx = tid % 16, ty = tid / 16;
+  double accd[kRows][kPairs][2];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
-      const int pl = tx + 16 * j;
-      const int64_t pp = p0 + pl;
-      uint32_t a0 = 0, a1 = 0;
-      if (rin && pp < q.P) {
-        const double ang = pos * inv_freq[pl];
-        const double cs = cos(ang), sn = sin(ang);
-        const double x0 = double(float(acc[r][j][0])), x1 = double(float(acc[r][j][1]));
-        const float k0 = float(x0 * cs - x1 * sn), k1 = float(x1 * cs + x0 * sn);
-        const int64_t h = pp / q.half, c = pp - h * q.half;
-        float* kp = q.k + b * q.ks[0] + t * q.ks[1] + h * q.ks[2] + c;
-        kp[0] = k0;
-        kp[q.half] = k1;
-        a0 = finite_abs_bits(k0);  // NaN / Inf ignored
-        a1 = finite_abs_bits(k1);
-      }
-      am[row * 2 * kBP + pl] = a0;
-      am[row * 2 * kBP + kBP + pl] = a1;
+      accd[r][j][0] = double(Cs[(ty + 16 * r) * kCPitch + tx + 16 * j]);
+      accd[r][j][1] = double(Cs[(ty + 16 * r) * kCPitch + kBP + tx + 16 * j]);
     }
-  }
-  __syncthreads();
-  // column maxima over runs of rows of one sequence: 4 threads per column, 32 rows each
-  const int col = tid % (2 * kBP), part = tid / (2 * kBP);
-  const int64_t pp = p0 + col % kBP;
-  if (pp >= q.P) return;
-  const int64_t h = pp / q.half, ch = pp - h * q.half + (col >= kBP ? q.half : 0);
-  const KCachePlan& c = p.cache;
-  unsigned* sbase = reinterpret_cast<unsigned*>(c.scale) + h * c.s_s[1] + ch * c.s_s[2];
-  int64_t cur = -1;
-  uint32_t run = 0;
-  for (int row = part * (kBM / 4); row < (part + 1) * (kBM / 4) && row_x[row] >= 0; ++row) {
-    if (row_b[row] != cur) {
-      if (run) atomicMax(sbase + cur * c.s_s[0], run);
-      cur = row_b[row];
-      run = 0;
-    }
-    const uint32_t v = am[row * 2 * kBP + col];
-    run = v > run ? v : run;
-  }
-  if (run) atomicMax(sbase + cur * c.s_s[0], run);
+  __syncthreads();  // the epilogue's amax tile reuses the memory
+  rope_amax_epilogue(q, tile, reinterpret_cast<uint32_t*>(smem), accd, p0);
+}
+
+/// The tensor-core projection applies: x and w_k both bf16 or both fp16, hidden contiguous and a
+/// multiple of 8, every row 16-byte aligned.
+bool tc_ok(const KprojRopePlan& p) {
+  if (p.x_dtype != p.w_dtype || (p.x_dtype != DType::kBFloat16 && p.x_dtype != DType::kFloat16)) return false;
+  return p.hidden % 8 == 0 && p.x_stride[2] == 1 && p.w_stride[1] == 1 && aligned(p.x, 16) && aligned(p.w, 16) &&
+         p.x_stride[0] % 8 == 0 && p.x_stride[1] % 8 == 0 && p.w_stride[0] % 8 == 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -360,18 +498,9 @@ cudaError_t encode(const KCachePlan& c, cudaStream_t st) {
 // append
 
 struct AppendParams {
-  KCachePlan c;               ///< k = k_new [B, N, H, D]; T = N
-  const int32_t* lengths;     ///< device [B]
-  int64_t max_len;            ///< cache_T - N: the clamp of every length
-  float* old_scale;           ///< scratch [B, H, D]: the scales before the call
-  int* flag;                  ///< scratch [B, H]: 1 when a channel of the head is rescaled
-  int64_t chunk, n_chunks;    ///< tokens per work item, items per (b, h)
+  KCachePlan c;  ///< k = k_new [B, N, H, D]; T = N
+  CacheAppend x;
 };
-
-__device__ __forceinline__ int64_t clamped_len(const AppendParams& a, int64_t b) {
-  const int64_t l = a.lengths[b];
-  return l < 0 ? 0 : (l > a.max_len ? a.max_len : l);
-}
 
 // one thread per (b, h, channel)
 __global__ void __launch_bounds__(kThreads) append_scales(const AppendParams a) {
@@ -386,10 +515,10 @@ __global__ void __launch_bounds__(kThreads) append_scales(const AppendParams a) 
     }
     float* sp = p.scale + b * p.s_s[0] + h * p.s_s[1] + d * p.s_s[2];
     const float s_old = *sp, s_new = bits_float(amax);
-    a.old_scale[i] = s_old;
+    a.x.old_scale[i] = s_old;
     if (s_new > s_old) {
       *sp = s_new;
-      a.flag[bh] = 1;
+      a.x.flag[bh] = 1;
     }
   }
 }
@@ -414,20 +543,21 @@ __global__ void __launch_bounds__(kThreads) append_tokens(const AppendParams a) 
   __shared__ float thr[16], cb[16];
   stage_nf4(thr, cb);
   const KCachePlan& p = a.c;
-  const int64_t D2 = p.D / 2, items = p.B * p.H * a.n_chunks;
+  const CacheAppend& x = a.x;
+  const int64_t D2 = p.D / 2, items = p.B * p.H * x.n_chunks;
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int64_t bh = it / a.n_chunks, t0 = (it - bh * a.n_chunks) * a.chunk, b = bh / p.H, h = bh - b * p.H;
-    const int64_t len = clamped_len(a, b), end = len + p.T;
-    const bool flagged = a.flag[bh] != 0;
-    if (t0 >= end || (!flagged && t0 + a.chunk <= len)) continue;  // uniform over the CTA
-    const int64_t t1 = t0 + a.chunk < end ? t0 + a.chunk : end;
+    const int64_t bh = it / x.n_chunks, t0 = (it - bh * x.n_chunks) * x.chunk, b = bh / p.H, h = bh - b * p.H;
+    const int64_t len = x.len(b), end = len + p.T;
+    const bool flagged = x.flag[bh] != 0;
+    if (t0 >= end || (!flagged && t0 + x.chunk <= len)) continue;  // uniform over the CTA
+    const int64_t t1 = t0 + x.chunk < end ? t0 + x.chunk : end;
     for (int64_t e = threadIdx.x; e < (t1 - t0) * D2; e += kThreads) {
       const int64_t t = t0 + e / D2, dp = e % D2, d = 2 * dp;
       if (t < len && !flagged) continue;
       const float* sp = p.scale + b * p.s_s[0] + h * p.s_s[1] + d * p.s_s[2];
       const float s_fin[2] = {sp[0], sp[p.s_s[2]]};
-      uint8_t* cp = p.codes + b * p.c_s[0] + t * p.c_s[1] + h * p.c_s[2] + dp * p.c_s[3];
-      uint8_t* rp = p.residual + b * p.r_s[0] + t * p.r_s[1] + h * p.r_s[2] + d * p.r_s[3];
+      uint8_t* cp = p.codes + x.pages.offset(p.c_s, b, t) + h * p.c_s[2] + dp * p.c_s[3];
+      uint8_t* rp = p.residual + x.pages.offset(p.r_s, b, t) + h * p.r_s[2] + d * p.r_s[3];
       if (t >= len) {  // new token t - len, encoded with the final scale
         const int64_t ko = b * p.k_s[0] + (t - len) * p.k_s[1] + h * p.k_s[2] + d * p.k_s[3];
         const uint32_t c0 = put(load_float(p.k, p.k_dtype, ko), s_fin[0], rp, p.r_dtype, thr, cb);
@@ -436,7 +566,7 @@ __global__ void __launch_bounds__(kThreads) append_tokens(const AppendParams a) 
         continue;
       }
       // a cached token: the rescaled channels of the pair (their stored bits changed) rewritten
-      const float* so = a.old_scale + bh * p.D + d;
+      const float* so = x.old_scale + bh * p.D + d;
       const bool re[2] = {float_bits(so[0]) != float_bits(s_fin[0]), float_bits(so[1]) != float_bits(s_fin[1])};
       if (!re[0] && !re[1]) continue;
       uint8_t byte = *cp;
@@ -493,7 +623,13 @@ int kproj_rope_nf4_encode(const detail::KprojRopePlan& plan, void* stream) {
   kc_zero_scale<<<unsigned(grid_for(kc_zero_scale, kThreads, B * H * D)), kThreads, 0, st>>>(c);
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) {
-    kproj_rope_amax<<<dim3(unsigned(m_tiles), unsigned(p_tiles)), kThreads, 0, st>>>(q);
+    const dim3 grid{unsigned(m_tiles), unsigned(p_tiles)};
+    if (!tc_ok(plan))
+      kproj_rope_amax<<<grid, kThreads, 0, st>>>(q);
+    else if (plan.x_dtype == DType::kFloat16)
+      kproj_rope_amax_tc<true><<<grid, kThreads, 0, st>>>(q);
+    else
+      kproj_rope_amax_tc<false><<<grid, kThreads, 0, st>>>(q);
     e = cudaGetLastError();
   }
   if (e == cudaSuccess) e = encode(c, st);
@@ -511,32 +647,18 @@ int nf4_kcache_append(const detail::KCacheAppendPlan& plan, void* stream) {
   if (c.B == 0 || c.T == 0 || c.H == 0 || c.D == 0) return cudaSuccess;
   AppendParams a;
   a.c = c;
-  a.lengths = plan.lengths_device;
-  a.max_len = plan.cache_T - c.T;
-  int64_t longest = 0;  // the grid covers the longest validated sequence (the device clamps)
-  for (int64_t b = 0; b < c.B; ++b) longest = plan.lengths[b] > longest ? plan.lengths[b] : longest;
   const int64_t D2 = c.D / 2;
-  a.chunk = D2 >= 2048 ? 1 : 4096 / D2;
-  a.n_chunks = (longest + c.T + a.chunk - 1) / a.chunk;
-  const size_t old_bytes = size_t(c.B * c.H * c.D) * 4, flag_bytes = size_t(c.B * c.H) * 4;
-  cudaMemPool_t pool;
-  if (cudaError_t e = workspace_pool(&pool)) return e;
-  void* ws = nullptr;
-  if (cudaError_t e = cudaMallocFromPoolAsync(&ws, old_bytes + flag_bytes, pool, st)) return e;
-  a.old_scale = static_cast<float*>(ws);
-  a.flag = reinterpret_cast<int*>(static_cast<char*>(ws) + old_bytes);
-  cudaError_t e = cudaMemsetAsync(a.flag, 0, flag_bytes, st);
-  if (e == cudaSuccess) {
-    append_scales<<<unsigned(grid_for(append_scales, kThreads, c.B * c.H * c.D)), kThreads, 0, st>>>(a);
-    e = cudaGetLastError();
-  }
-  if (e == cudaSuccess) {
-    const int64_t items = c.B * c.H * a.n_chunks;
-    append_tokens<<<unsigned(grid_for(append_tokens, kThreads, items * kThreads, 8)), kThreads, 0, st>>>(a);
-    e = cudaGetLastError();
-  }
-  const cudaError_t f = cudaFreeAsync(ws, st);
-  return e == cudaSuccess ? f : e;
+  return run_cache_append(
+      a.x, c.B, c.H, c.D, c.T, plan.cache_T, plan.lengths, plan.lengths_device, plan.pages,
+      D2 >= 2048 ? 1 : 4096 / D2, st,
+      [&] {
+        append_scales<<<unsigned(grid_for(append_scales, kThreads, c.B * c.H * c.D)), kThreads, 0, st>>>(a);
+        return cudaGetLastError();
+      },
+      [&](int64_t items) {
+        append_tokens<<<unsigned(grid_for(append_tokens, kThreads, items * kThreads, 8)), kThreads, 0, st>>>(a);
+        return cudaGetLastError();
+      });
 }
 
 int read_int32(const int32_t* device_src, int64_t n, int32_t* host_dst, void* stream) {

@@ -16,5 +16,7 @@ int nvfp4_dual_gemm(const detail::DualGemmPlan& p, const uint8_t* packed, void* 
 /// The dense NVFP4 linear out = A B^T (* global scales, + bias) on the dual GEMM's mainloop
 /// (N a multiple of 128, K of 64; B prepacked into a temporary at each call).
 int nvfp4_gemm(const detail::Nvfp4GemmPlan& q, void* stream);
+/// nvfp4_gemm's prepacked weights (q.b / q.sfb / q.spb; N % 128, K % 64) into `out`.
+int nvfp4_gemm_prepack(const detail::Nvfp4GemmPlan& q, uint8_t* out, void* stream);
 
 }  // namespace lowbit::cuda

@@ -26,20 +26,34 @@ int nvfp4_gemm(const Nvfp4GemmPlan& q, void* stream) {
   p.L = 1;
   const DualConfig cfg = dual_config(p.M, p.N, p.K, p.L, sms);
   const int64_t kTiles = q.K / kTileK, chunks = (q.N / kRowsPerWG) * kTiles;
-  uint8_t* packed = nullptr;
-  uint16_t* act = nullptr;
+  uint8_t* own = nullptr;  // the per-call prepack (weights not prepacked by nvfp4_gemm_prepack)
+  const uint8_t* packed = q.b;
+  const uint16_t* act = nullptr;  // the activations the mainloop reads
+  uint16_t* own_act = nullptr;    // the activation pass's output, when one runs
   float* ws = nullptr;
-  cudaError_t e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&packed), size_t(chunks * kChunkBytes), pool, st);
-  if (e == cudaSuccess) {
-    single_prepack_kernel<<<unsigned(chunks), 128, 0, st>>>(q, packed);
-    e = cudaGetLastError();
+  cudaError_t e = cudaSuccess;
+  if (!q.b_packed) {
+    e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&own), size_t(chunks * kChunkBytes), pool, st);
+    if (e == cudaSuccess) {
+      single_prepack_kernel<<<unsigned(chunks), 128, 0, st>>>(q, own);
+      e = cudaGetLastError();
+    }
+    packed = own;
   }
-  if (e == cudaSuccess) e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&act), size_t(q.M * q.K * 2), pool, st);
-  if (e == cudaSuccess) {
-    const int64_t blocks = q.M * (q.K / 16);
-    const unsigned grid = unsigned(blocks / 256 + 1 < 4 * int64_t(sms) * 8 ? blocks / 256 + 1 : 4 * int64_t(sms) * 8);
-    single_act_kernel<<<grid, 256, 0, st>>>(q, act);
-    e = cudaGetLastError();
+  // the mainloop reads bf16 rows of K elements, 16-byte aligned: contiguous bf16 activations as
+  // they are, anything else (NVFP4 codes, strided rows) through the activation pass
+  const bool direct = q.a_bf16 && q.a_sM == q.K && reinterpret_cast<uintptr_t>(q.a) % 16 == 0;
+  if (direct) {
+    act = static_cast<const uint16_t*>(q.a);
+  } else {
+    if (e == cudaSuccess) e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&own_act), size_t(q.M * q.K * 2), pool, st);
+    if (e == cudaSuccess) {
+      const int64_t blocks = q.M * (q.K / 16);
+      const unsigned grid = unsigned(blocks / 256 + 1 < 4 * int64_t(sms) * 8 ? blocks / 256 + 1 : 4 * int64_t(sms) * 8);
+      single_act_kernel<<<grid, 256, 0, st>>>(q, own_act);
+      e = cudaGetLastError();
+    }
+    act = own_act;
   }
   if (e == cudaSuccess && cfg.splits > 1)
     e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ws), size_t(cfg.splits) * q.M * q.N * sizeof(float), pool, st);
@@ -58,9 +72,17 @@ int nvfp4_gemm(const Nvfp4GemmPlan& q, void* stream) {
     e = cudaGetLastError();
   }
   if (ws) cudaFreeAsync(ws, st);
-  if (act) cudaFreeAsync(act, st);
-  if (packed) cudaFreeAsync(packed, st);
+  if (own_act) cudaFreeAsync(own_act, st);
+  if (own) cudaFreeAsync(own, st);
   return int(e);
+}
+
+int nvfp4_gemm_prepack(const Nvfp4GemmPlan& q, uint8_t* out, void* stream) {
+  if (q.N % 128 != 0 || q.K % kTileK != 0) return cudaErrorInvalidValue;
+  const int64_t chunks = (q.N / kRowsPerWG) * (q.K / kTileK);
+  if (chunks == 0) return cudaSuccess;
+  single_prepack_kernel<<<unsigned(chunks), 128, 0, static_cast<cudaStream_t>(stream)>>>(q, out);
+  return int(cudaGetLastError());
 }
 
 }  // namespace lowbit::cuda

@@ -92,6 +92,8 @@ namespace emu {
 struct Warp {
   std::barrier<>* bar = nullptr;
   uint64_t slot[32] = {};
+  uint32_t mma_a[32][4] = {};  ///< mma.sync fragments (cuda/common/mma_sync.cuh)
+  uint32_t mma_b[32][2] = {};
 };
 inline thread_local Warp* warp_ctx = nullptr;
 inline thread_local uint8_t* dyn_smem = nullptr;

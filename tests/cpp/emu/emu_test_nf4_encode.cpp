@@ -7,6 +7,7 @@
 // tests/python/test_decode_attention_gpu.py) remain the test of the kernels on the device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -42,6 +43,56 @@ size_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return n;
 }
 
+// The plan src/api/decode_attention.cpp fills for contiguous x [B, T, E], w [H*D, E] (both of
+// x_dtype), positions [B, T], k_out [B, T, H, D] (or none) and the cache's codes / scales / residuals.
+detail::KprojRopePlan contiguous_plan(int64_t B, int64_t T, int64_t E, int64_t H, int64_t D, const void* x,
+                                      DType x_dtype, const void* w, const void* pos, bool pos64, float* k_out,
+                                      uint8_t* codes, float* scale, uint8_t* residual, DType r_dtype) {
+  detail::KprojRopePlan p;
+  p.batch = B;
+  p.seqlen = T;
+  p.hidden = E;
+  p.heads_kv = H;
+  p.head_dim = D;
+  p.x = x;
+  p.x_dtype = x_dtype;
+  p.x_stride[0] = T * E;
+  p.x_stride[1] = E;
+  p.x_stride[2] = 1;
+  p.w = w;
+  p.w_dtype = x_dtype;
+  p.w_stride[0] = E;
+  p.w_stride[1] = 1;
+  p.positions = pos;
+  p.positions64 = pos64;
+  p.p_stride[0] = T;
+  p.p_stride[1] = 1;
+  if (k_out) {
+    p.k_out = k_out;
+    p.ko_stride[0] = T * H * D;
+    p.ko_stride[1] = H * D;
+    p.ko_stride[2] = D;
+  }
+  detail::KCachePlan& kc = p.cache;
+  kc.B = B;
+  kc.T = T;
+  kc.H = H;
+  kc.D = D;
+  kc.codes = codes;
+  kc.scale = scale;
+  kc.residual = residual;
+  kc.r_dtype = r_dtype;
+  const int64_t cs[4] = {T * H * D / 2, H * D / 2, D / 2, 1}, rs[4] = {T * H * D, H * D, D, 1};
+  for (int i = 0; i < 4; ++i) {
+    kc.c_s[i] = cs[i];
+    kc.r_s[i] = rs[i];
+  }
+  kc.s_s[0] = H * D;
+  kc.s_s[1] = D;
+  kc.s_s[2] = 1;
+  return p;
+}
+
 struct EncodeCase {
   int64_t b, t, e, h, d;
   DType r_dtype;
@@ -72,48 +123,12 @@ TEST_P(EmuKprojEncode, MatchesCpuReferenceBitForBit) {
   kproj_rope_nf4_encode(tv(x, DType::kFloat32, {B, T, E}), tv(w, DType::kFloat32, {H * D, E}), pv, D,
                         tv(c_ref, DType::kUInt8, {B, T, H, D / 2}), tv(s_ref, DType::kFloat32, {B, H, D}),
                         tv(r_ref, s.r_dtype, {B, T, H, D}), tv(k_ref, DType::kFloat32, {B, T, H, D}), a);
-  detail::KprojRopePlan p;  // as src/api/decode_attention.cpp fills it for contiguous tensors
-  p.batch = B;
-  p.seqlen = T;
-  p.hidden = E;
-  p.heads_kv = H;
-  p.head_dim = D;
-  p.x = x.data();
-  p.x_stride[0] = T * E;
-  p.x_stride[1] = E;
-  p.x_stride[2] = 1;
-  p.w = w.data();
-  p.w_stride[0] = E;
-  p.w_stride[1] = 1;
-  p.positions = s.pos64 ? static_cast<const void*>(pos.data()) : static_cast<const void*>(pos32.data());
-  p.positions64 = s.pos64;
-  p.p_stride[0] = T;
-  p.p_stride[1] = 1;
+  detail::KprojRopePlan p = contiguous_plan(B, T, E, H, D, x.data(), DType::kFloat32, w.data(),
+                                             s.pos64 ? static_cast<const void*>(pos.data()) : pos32.data(),
+                                             s.pos64, s.k_out ? k.data() : nullptr, c.data(), sc.data(), r.data(),
+                                             s.r_dtype);
   p.rope_theta = a.rope_theta;
-  if (s.k_out) {
-    p.k_out = k.data();
-    p.ko_stride[0] = T * H * D;
-    p.ko_stride[1] = H * D;
-    p.ko_stride[2] = D;
-  }
-  detail::KCachePlan& kc = p.cache;
-  kc.B = B;
-  kc.T = T;
-  kc.H = H;
-  kc.D = D;
-  kc.codes = c.data();
-  kc.scale = sc.data();
-  kc.residual = r.data();
-  kc.r_dtype = s.r_dtype;
-  kc.order = s.order;
-  const int64_t cs[4] = {T * H * D / 2, H * D / 2, D / 2, 1}, rs[4] = {T * H * D, H * D, D, 1};
-  for (int i = 0; i < 4; ++i) {
-    kc.c_s[i] = cs[i];
-    kc.r_s[i] = rs[i];
-  }
-  kc.s_s[0] = H * D;
-  kc.s_s[1] = D;
-  kc.s_s[2] = 1;
+  p.cache.order = s.order;
   ASSERT_EQ(cuda_emu::kproj_rope_nf4_encode(p, nullptr), 0);
   if (s.k_out) EXPECT_EQ(count_diff(k, k_ref), 0u);
   EXPECT_EQ(count_diff(sc, s_ref), 0u);
@@ -131,6 +146,70 @@ INSTANTIATE_TEST_SUITE_P(
                       EncodeCase{4, 1, 72, 8, 256, DType::kE4M3, NibbleOrder::kLowFirst, true, false},
                       EncodeCase{2, 5, 16, 3, 6, DType::kE5M2, NibbleOrder::kLowFirst, true, true},
                       EncodeCase{2, 70, 33, 2, 64, DType::kE5M2, NibbleOrder::kLowFirst, false, true}));
+
+// The tensor-core projection (bf16 / fp16 x and w_k): mma.sync fragments emulated with fp32 sums in
+// k order, so the keys differ from the reference's fp64-summed ones by fp32 accumulation error:
+// |k - k_ref| <= E 2^-24 (S(c) + S(c + D/2)) + 2^-23 |k_ref| with S = sum |x_i w_i| of the
+// channel's two projections; the cache is exactly nf4_kcache_quantize of the kernel's keys.
+struct TcCase {
+  int64_t b, t, e, h, d;
+  bool fp16;
+};
+
+class EmuKprojEncodeTc : public ::testing::TestWithParam<TcCase> {};
+
+TEST_P(EmuKprojEncodeTc, KeysWithinFp32SumsAndCacheOfThem) {
+  const TcCase s = GetParam();
+  const int64_t B = s.b, T = s.t, E = s.e, H = s.h, D = s.d;
+  const DType dt = s.fp16 ? DType::kFloat16 : DType::kBFloat16;
+  std::mt19937 rng(uint32_t(B * 11 + T * 5 + D + E));
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto enc = [&](float v) { return s.fp16 ? encode_fp16(v) : encode_bf16(v); };
+  auto dec = [&](uint16_t v) { return double(s.fp16 ? decode_fp16(v) : decode_bf16(v)); };
+  std::vector<uint16_t> x(size_t(B * T * E)), w(size_t(H * D * E));
+  for (auto& v : x) v = enc(n(rng));
+  for (auto& v : w) v = enc(n(rng) / std::sqrt(float(E)));
+  std::vector<int32_t> pos(size_t(B * T));
+  for (auto& v : pos) v = int32_t(rng() % 100000);
+  const size_t nk = size_t(B * T * H * D), nc = nk / 2, ns = size_t(B * H * D);
+  std::vector<uint8_t> c_ref(nc), r_ref(nk), c(nc, 0xFF), r(nk, 0xFF);
+  std::vector<float> s_ref(ns), k_ref(nk), sc(ns, -1.0f), k(nk, -7.0f);
+  KprojRopeArgs a;
+  kproj_rope_nf4_encode(TensorView(x.data(), dt, {B, T, E}), TensorView(w.data(), dt, {H * D, E}),
+                        tv(pos, DType::kInt32, {B, T}), D, tv(c_ref, DType::kUInt8, {B, T, H, D / 2}),
+                        tv(s_ref, DType::kFloat32, {B, H, D}), tv(r_ref, DType::kE5M2, {B, T, H, D}),
+                        tv(k_ref, DType::kFloat32, {B, T, H, D}), a);
+  detail::KprojRopePlan p = contiguous_plan(B, T, E, H, D, x.data(), dt, w.data(), pos.data(), false, k.data(),
+                                             c.data(), sc.data(), r.data(), DType::kE5M2);
+  p.rope_theta = a.rope_theta;
+  ASSERT_EQ(cuda_emu::kproj_rope_nf4_encode(p, nullptr), 0);
+  size_t exact = 0;
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t ch = 0; ch < D; ++ch) {
+        double S = 0;  // sum |x_i w_i| of the channel's two projections (c and its rotation partner)
+        for (const int64_t cc : {ch % (D / 2), ch % (D / 2) + D / 2})
+          for (int64_t i = 0; i < E; ++i) S += std::fabs(dec(x[size_t(bt * E + i)]) * dec(w[size_t((h * D + cc) * E + i)]));
+        const size_t at = size_t((bt * H + h) * D + ch);
+        const double bound = double(E) * std::ldexp(S, -24) + std::ldexp(std::fabs(double(k_ref[at])), -23);
+        ASSERT_LE(std::fabs(double(k[at]) - double(k_ref[at])), bound) << "key " << at;
+        exact += float_bits(k[at]) == float_bits(k_ref[at]);
+      }
+  EXPECT_GT(exact, nk / 4) << "most keys should still be the reference's";
+  std::vector<uint8_t> c_q(nc), r_q(nk);
+  std::vector<float> s_q(ns);
+  nf4_kcache_quantize(tv(k, DType::kFloat32, {B, T, H, D}), tv(c_q, DType::kUInt8, {B, T, H, D / 2}),
+                      tv(s_q, DType::kFloat32, {B, H, D}), tv(r_q, DType::kE5M2, {B, T, H, D}));
+  EXPECT_EQ(count_diff(sc, s_q), 0u);
+  EXPECT_EQ(count_diff(c, c_q), 0u);
+  EXPECT_EQ(count_diff(r, r_q), 0u);
+}
+
+// tiles of token rows with sequence boundaries inside, hidden tails (not a multiple of 32), both
+// operand dtypes, pair tiles across heads
+INSTANTIATE_TEST_SUITE_P(Shapes, EmuKprojEncodeTc,
+                         ::testing::Values(TcCase{2, 77, 72, 2, 128, false}, TcCase{1, 130, 40, 3, 64, true},
+                                           TcCase{3, 5, 256, 1, 64, false}, TcCase{1, 1, 8, 1, 256, true}));
 
 struct AppendCase {
   int64_t b, t, h, d, n;
@@ -179,9 +258,11 @@ TEST_P(EmuKcacheAppend, MatchesCpuReferenceBitForBit) {
   void* kp = s.k_dtype == DType::kFloat32 ? static_cast<void*>(kn.data()) : static_cast<void*>(knb.data());
   std::vector<uint8_t> c2 = codes, r2 = res;
   std::vector<float> s2 = scale;
+  const std::vector<uint8_t> c_before = codes, r_before = res;  // for the paged run below
+  const std::vector<float> s_before = scale;
   nf4_kcache_append(TensorView(kp, s.k_dtype, {B, N, H, D}), tv(codes, DType::kUInt8, {B, T, H, D / 2}),
                     tv(scale, DType::kFloat32, {B, H, D}), tv(res, s.r_dtype, {B, T, H, D}),
-                    tv(lens, DType::kInt32, {B}), s.order);
+                    tv(lens, DType::kInt32, {B}), TensorView(), s.order);
   detail::KCacheAppendPlan p;  // as src/api/decode_attention.cpp fills it for contiguous tensors
   detail::KCachePlan& kc = p.cache;
   kc.B = B;
@@ -212,6 +293,45 @@ TEST_P(EmuKcacheAppend, MatchesCpuReferenceBitForBit) {
   EXPECT_EQ(count_diff(s2, scale), 0u);
   EXPECT_EQ(count_diff(c2, codes), 0u);
   EXPECT_EQ(count_diff(r2, res), 0u);
+
+  // the same append into a paged copy of the cache (pages of 8 tokens in random order): the bytes
+  // of every token a sequence holds afterwards, gathered back, are the dense call's
+  const int64_t P = 8, per = (T + P - 1) / P, pages = B * per + 1;
+  std::vector<int32_t> perm(static_cast<size_t>(pages)), table(static_cast<size_t>(B * per));
+  for (int64_t i = 0; i < pages; ++i) perm[size_t(i)] = int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::copy(perm.begin(), perm.begin() + B * per, table.begin());
+  const int64_t crow = H * D / 2, rrow = H * D;  // bytes of one token's codes / residuals
+  std::vector<uint8_t> pc(size_t(pages * P * crow), 0xEE), pr(size_t(pages * P * rrow), 0xEE);
+  auto row = [&](int64_t b, int64_t t) { return int64_t(table[size_t(b * per + t / P)]) * P + t % P; };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(c_before.begin() + (b * T + t) * crow, crow, pc.begin() + row(b, t) * crow);
+      std::copy_n(r_before.begin() + (b * T + t) * rrow, rrow, pr.begin() + row(b, t) * rrow);
+    }
+  std::vector<float> ps = s_before;
+  const int64_t pcs[4] = {P * crow, crow, D / 2, 1}, prs[4] = {P * rrow, rrow, D, 1};
+  for (int i = 0; i < 4; ++i) {
+    kc.c_s[i] = pcs[i];
+    kc.r_s[i] = prs[i];
+  }
+  kc.codes = pc.data();
+  kc.residual = pr.data();
+  kc.scale = ps.data();
+  p.cache_T = per * P;
+  p.pages.table = table.data();
+  p.pages.table_stride = per;
+  p.pages.pages = pages;
+  p.pages.shift = 3;
+  ASSERT_EQ(cuda_emu::nf4_kcache_append(p, nullptr), 0);
+  EXPECT_EQ(count_diff(ps, scale), 0u);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < lens[size_t(b)] + N; ++t) {
+      ASSERT_TRUE(std::equal(pc.begin() + row(b, t) * crow, pc.begin() + (row(b, t) + 1) * crow,
+                             codes.begin() + (b * T + t) * crow)) << "codes of (" << b << ", " << t << ")";
+      ASSERT_TRUE(std::equal(pr.begin() + row(b, t) * rrow, pr.begin() + (row(b, t) + 1) * rrow,
+                             res.begin() + (b * T + t) * rrow)) << "residuals of (" << b << ", " << t << ")";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(
