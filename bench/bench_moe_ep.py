@@ -15,7 +15,9 @@ experts (random MXFP4 codes, UE8M0 scale bytes uniform in [118, 127], prepacked 
 group_gemm_mxfp4_prepack; random biases). A step of T tokens (--tokens, the whole step's tokens)
 gives every rank T / N of them; routing: randn router logits, top-4, softmax of the 4 logits
 (lowbit.moe.route's rule). The layer runs in capacity mode (static splits, no host
-synchronisation; capacity = T / N x top-4, never exceeded), the experts on the contiguous layout
+synchronisation; rows per rank pair = --capacity-factor (default 2) x their mean T/N x 4 / N, at
+most the worst case T/N x 4; pairs beyond it would be dropped and counted in the row's note, their
+tokens NaN; --mode exact exchanges the counts first), the experts on the contiguous layout
 (--layout masked: the masked one), activations dispatched as bf16 (--dispatch mxfp8: MXFP8 with
 act="mxfp8"), expert outputs combined in float32 (--combine bfloat16: bf16).
 
@@ -63,6 +65,11 @@ def parse_args(argv=None):
     p.add_argument("--dispatch", choices=("bf16", "mxfp8"), default="bf16", help="dispatched activations")
     p.add_argument("--combine", choices=("float32", "bfloat16"), default="float32", help="combined expert outputs")
     p.add_argument("--layout", choices=("contiguous", "masked"), default="contiguous", help="the experts' layout")
+    p.add_argument("--mode", choices=("capacity", "exact"), default="capacity",
+                   help="capacity (static splits, no host sync) or exact (counts exchanged first, one host sync)")
+    p.add_argument("--capacity-factor", type=float, default=2.0,
+                   help="capacity mode: rows per rank pair = factor x the mean (T/N x top-4 / N), at most the "
+                        "worst case T/N x top-4; 0: the worst case (default 2)")
     p.add_argument("--no-anchor", action="store_true", help="skip the single-GPU gpt_oss_moe_mlp anchor")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = p.parse_args(argv)
@@ -133,7 +140,8 @@ def run_rank(rank, world, args, port=None):
         meta = {
             "world": f"{world} rank(s), backend {args.backend if world > 1 else 'none'}, device {args.device}",
             "shapes": f"hidden {H}, intermediate {I}, {E} experts ({E // world} per rank), top-{TOPK}",
-            "layer": (f"capacity mode, {args.layout} layout, dispatch {args.dispatch}, combine {args.combine}, "
+            "layer": (f"{args.mode} mode (capacity factor {args.capacity_factor:g} of the mean rows per rank pair), "
+                      f"{args.layout} layout, dispatch {args.dispatch}, combine {args.combine}, "
                       f"act {'mxfp8' if args.dispatch == 'mxfp8' else 'bf16'}"),
             "nvlink_multicast": "off: " + ", ".join(f"{k}={os.environ.get(k)}" for k in
                                                     ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
@@ -174,10 +182,14 @@ def run_rank(rank, world, args, port=None):
         row = Row(op=f"moe_ep_{world}{'gpu' if cuda else 'cpu'}_{args.dispatch}", shape=f"T{T}",
                   flops=2.0 * T * TOPK * (2 * I * H + H * I), timing="device" if cuda else "host")
         try:
+            worst = Tr * TOPK
+            cap = worst if args.capacity_factor <= 0 else min(worst, int(args.capacity_factor * worst / world + 0.999))
             layer = ExpertParallelMoE(*mine, num_experts=E, top_k=TOPK, act=act,
                                       quantize_dispatch=args.dispatch == "mxfp8", combine_dtype=args.combine,
-                                      mode="capacity", max_tokens_per_rank=Tr, expert_layout=args.layout,
-                                      expected_m=max(1, Tr * world * TOPK // E), packed=cuda)
+                                      mode=args.mode, max_tokens_per_rank=Tr, capacity=cap,
+                                      expert_layout=args.layout if args.mode == "capacity" else "contiguous",
+                                      expected_m=max(1, Tr * world * TOPK // E), packed=cuda,
+                                      on_overflow="nan")
             t = time_fn(lambda: layer(x, ids, wts), warmup=args.warmup, iters=iters,
                         flush_l2=cuda and not args.no_flush, device=timing)
             ph = layer.record_phases()
@@ -187,18 +199,22 @@ def run_rank(rank, world, args, port=None):
                 torch.cuda.synchronize()
             ms = ph.elapsed_ms()
             layer.record_phases(False)
-            dropped = layer.check()  # never: the capacity holds every routing
+            dropped = layer.dropped.clone()  # pairs beyond the capacity (their tokens' rows are NaN)
+            if world > 1:
+                dist.all_reduce(dropped)
+            dropped = int(dropped.item())
             med, p10, p90 = reduce(t.median_us), reduce(t.p10_us), reduce(t.p90_us)
             disp = reduce(1e3 * (ms.get("dispatch", 0.0) + ms.get("dispatch_counts", 0.0)) / iters)
             comb = reduce(1e3 * ms.get("combine", 0.0) / iters)
             row.lowbit_us, row.lowbit_p10_us, row.lowbit_p90_us = med, p10, p90
             rb = -(-(16 + (H + H // 32 if args.dispatch == "mxfp8" else 2 * H)) // 16) * 16
             cb = H * (4 if args.combine == "float32" else 2)
-            cap = Tr * TOPK
-            row.bytes = world * world * cap * (rb + cb)  # all-to-all bytes sent by all ranks in one step
+            rows = world * cap if args.mode == "capacity" else Tr * TOPK  # rows one rank sends per all-to-all
+            row.bytes = world * rows * (rb + cb)  # all-to-all bytes sent by all ranks in one step
             row.note = (f"{T / (med * 1e-6):.4g} tokens/s; all-to-all dispatch {disp:.1f} us + combine {comb:.1f} us "
-                        f"({100 * (disp + comb) / med:.0f}% of the step); each rank sends {world * cap} rows x "
-                        f"({rb} + {cb}) B; dropped {dropped}")
+                        f"({100 * (disp + comb) / med:.0f}% of the step); each rank sends {rows} rows x "
+                        f"({rb} + {cb}) B ({args.mode}, capacity {cap} per rank pair); dropped {dropped}"
+                        + (" (NaN rows: raise --capacity-factor)" if dropped else ""))
         except Exception as ex:  # noqa: BLE001
             row.error = f"{type(ex).__name__}: {ex}"
             if args.verbose:
