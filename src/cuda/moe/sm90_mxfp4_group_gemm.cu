@@ -141,7 +141,11 @@ int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
     e = launch_pdl(prep_rows_kernel, dim3(prep_grid), dim3(256), 0, st, p, (const int32_t*)indptr,
                    (const int32_t*)src_slot, (const float*)nullptr, p.H, Hp, KT, act1);
   }
-  if (e == cudaSuccess && !p.act_mxfp8 && Ip != p.I) e = cudaMemsetAsync(act2, 0, size_t(rows * Ip * 2), st);
+  if (e == cudaSuccess && !p.act_mxfp8 && Ip != p.I) {  // act2's K padding only (the epilogue writes the rest)
+    const int64_t n = rows * (Ip - p.I);
+    e = launch_pdl(zero_k_tail_kernel, dim3(unsigned(n / 256 + 1 < 8 * int64_t(sms) ? n / 256 + 1 : 8 * int64_t(sms))),
+                   dim3(256), 0, st, (const int32_t*)indptr, p.E, p.I, Ip, KT, act2);
+  }
   if (e == cudaSuccess) {  // gate_up: [rows, 2I] -> SwiGLU -> y (fp32, MXFP8 activations) or act2
     const GroupArgs up = p.act_mxfp8 ? make_mlp_params(p, MlpGemm::kGateUp, indptr, rows, NT, KT, act1, y, p.I, false)
                                      : make_mlp_params(p, MlpGemm::kGateUp, indptr, rows, NT, KT, act1, act2, Ip, true);
