@@ -177,6 +177,15 @@ def test_moe_mlp_alpha_limit(torch, act):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,I", [(3, 96), (200, 2880 + 32)], ids=["T3-I96", "T200-I2912"])
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_moe_mlp_intermediate_not_a_tile_multiple(torch, T, I, packed):
+    """I not a multiple of the K tile: the down GEMM reads act2's zeroed K padding (bf16 mode)."""
+    _check_mlp(torch, T, 256, "bf16", "bfloat16", "bfloat16", "float32", I=I, seed=T + I, packed=packed,
+               label=f"T{T} I{I} bf16")
+
+
+@pytest.mark.gpu
 def test_moe_mlp_duplicate_expert_ids(torch):
     """A token may name one expert in two slots: both slots add their weighted output."""
     _check_mlp(torch, 32, 256, "bf16", "float32", "float32", "float32", seed=73, duplicate_ids=True,
