@@ -19,7 +19,13 @@
 //
 // Promotion. The wgmma of one K block (scale-d 0) gives P[r, c] = sum_k w8[r, k] a8[c, k]; the
 // fp32 total gets P * m[c] with m[c] = 2^(smax + sa_c - 260) (fast block: the weights' 2^(smax -
-// 133) times the activation's 2^(sa_c - 127)), or (slow) (P * 2^(s_r - 127)) * 2^(sa_c - 127).
+// 133) times the activation's 2^(sa_c - 127)), or (slow) (P * 2^(s_r - 127)) * 2^(sa_c - 127). A
+// block whose m[c] of some column leaves fp32's normal range takes the slow form too, so the fast
+// form never flushes a multiplier. The slow form is exact up to its one rounding while P * 2^(s_r -
+// 127) stays normal: a nonzero |P| lies in [2^-18, 2^23] with E4M3 activations (products of
+// 2^-9 .. 448, 32 terms) and in [2^-25, 2^30] with E5M2 (2^-16 .. 57344), so for weight scale
+// bytes in [26, 225] with either; outside (weights below 2^-100 or above 2^98) results may flush or
+// overflow where the fp64 reference does not.
 #pragma once
 
 #include <cstdint>
@@ -96,6 +102,12 @@ constexpr uint32_t kNanBits = 0x7FC00000u;
 /// 260) in a folding block, 2^(sa - 127) in a slow one; NaN for the NaN byte 255.
 LOWBIT_HOST_DEVICE constexpr uint32_t col_mult_bits(uint32_t sa, bool folds, uint32_t smax) {
   return sa == 255u ? kNanBits : pow2_bits(folds ? int(smax) + int(sa) - 260 : int(sa) - 127);
+}
+/// The folding block's column multiplier 2^(smax + sa - 260) is an fp32 normal (or the NaN of sa =
+/// 255): the fast form's one FFMA then rounds like the exact path's products. A block with a column
+/// outside takes the slow form.
+LOWBIT_HOST_DEVICE constexpr bool col_mult_normal(uint32_t sa, uint32_t smax) {
+  return sa == 255u || (int(smax) + int(sa) - 260 >= -126 && int(smax) + int(sa) - 260 <= 127);
 }
 /// fp32 bits of the slow form's row multiplier 2^(s - 127) (NaN for 255): the exact UE8M0 value.
 LOWBIT_HOST_DEVICE constexpr uint32_t row_mult_bits(uint32_t s) { return s == 255u ? kNanBits : pow2_bits(int(s) - 127); }

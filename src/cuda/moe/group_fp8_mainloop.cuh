@@ -122,7 +122,16 @@ __device__ __forceinline__ void fp8_convert(const GroupArgs& A, const Fp8Item& i
 #pragma unroll
   for (int b = 0; b < 4; ++b) {
     smax[b] = (mx >> (8 * b)) & 0xFFu;
-    folds[b] = fp8::block_folds((mn >> (8 * b)) & 0xFFu, smax[b]);
+    // the fast form also needs every column multiplier 2^(smax + sa - 260) of the block to be an
+    // fp32 normal (else the slow form's two factors, each exact, keep the products out of
+    // fp32's subnormal / overflow range)
+    bool out_of_range = false;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t sab = (sa[i] >> (8 * b)) & 0xFFu;
+      out_of_range |= it.m0 + lane + 32 * i < it.m1 && kt * 4 + b < KB && !fp8::col_mult_normal(sab, smax[b]);
+    }
+    folds[b] = fp8::block_folds((mn >> (8 * b)) & 0xFFu, smax[b]) && !__any_sync(0xFFFFFFFFu, out_of_range);
     slow |= (folds[b] ? 0u : 1u) << b;
   }
   // tables of this lane's rows lane + 32 i: halves (blocks 0, 1) and (2, 3)
