@@ -255,8 +255,13 @@ __global__ void __launch_bounds__(kFp8Threads, 1)
   cutlass::arch::warpgroup_reg_alloc<kFp8ConsumerRegs>();
   const int cw = (warp - 4) >> 2, g = lane >> 2, t = lane & 3;
   const int rl = 64 * cw + 16 * (warp & 3) + g;
-  const int wo0 = S::kW + rl * 64 + 16 * t, wo1 = wo0 + 8 * 64;
-  const int to00 = S::tab(rl, 0), to01 = S::tab(rl, 1), to10 = S::tab(rl + 8, 0), to11 = S::tab(rl + 8, 1);
+  // this thread's offsets in a stage: weight words of row rl (row rl + 8: + 512), the two table
+  // halves of row rl (row rl + 8: + 256, same swizzle), its lane quad's multipliers
+  // NOTE: through an empty asm so that ptxas keeps them in registers instead of recomputing them
+  // from the thread index in every K tile (40 instructions per stage otherwise)
+  int wo = S::kW + rl * 64 + 16 * t, to0 = S::tab(rl, 0), to1 = S::tab(rl, 1), mo = S::kMul + t * S::kMulT * 4;
+  asm volatile("" : "+r"(wo), "+r"(to0), "+r"(to1), "+r"(mo));
+  static_assert(S::tab(8, 0) - S::tab(0, 0) == 256 && S::tab(8, 1) - S::tab(0, 1) == 256, "row rl + 8's tables");
   const uint64_t desc0 = desc_sw128(smem_base + S::kAct);
   float tot[64], part[64];
 #pragma unroll
@@ -271,8 +276,9 @@ __global__ void __launch_bounds__(kFp8Threads, 1)
       Prims::mbar_wait(wfull0 + 8 * s, ph & 1);
       Prims::mbar_wait(cfull0 + 8 * s, ph & 1);
       const uint8_t* st = smem + s * S::kBytes;
-      const uint4 W0 = lds128(st + wo0), W1 = lds128(st + wo1);  // words of blocks 0..3, rows rl, rl + 8
-      const uint4 T00 = lds128(st + to00), T01 = lds128(st + to01), T10 = lds128(st + to10), T11 = lds128(st + to11);
+      const uint4 W0 = lds128(st + wo), W1 = lds128(st + wo + 512);  // words of blocks 0..3, rows rl, rl + 8
+      const uint4 T00 = lds128(st + to0), T01 = lds128(st + to1), T10 = lds128(st + to0 + 256),
+                  T11 = lds128(st + to1 + 256);
       const uint32_t slow = *reinterpret_cast<const uint32_t*>(st + S::kFlags);
       const uint64_t dstage = desc0 + uint64_t((s * S::kBytes) >> 4);
       uint32_t a[2][4];
@@ -305,7 +311,7 @@ __global__ void __launch_bounds__(kFp8Threads, 1)
         cute::warpgroup_wait<0>();
 #pragma unroll
         for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(part[i]);
-        const float* mp = reinterpret_cast<const float*>(st + S::kMul + b * S::kMulBlock) + t * S::kMulT;
+        const float* mp = reinterpret_cast<const float*>(st + mo + b * S::kMulBlock);
         if (!((slow >> b) & 1u)) {  // CTA-uniform: the fold holds for the whole block
 #pragma unroll
           for (int q = 0; q < 8; ++q) {
