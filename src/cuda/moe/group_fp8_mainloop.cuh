@@ -3,14 +3,14 @@
 // stored and weights in the FP8-path packed layout (lowbit/mxfp4_pack.hpp). The arithmetic (fold,
 // decode, multipliers) is in fp8_fold.hpp; the design in docs/design/moe_grouped_gemm.md.
 //
-// CTA: 384 threads. Warpgroup 0 feeds the pipeline (setmaxnreg down to 88 registers): warp 0 issues
+// CTA: 384 threads. Warpgroup 0 feeds the pipeline (setmaxnreg down to 104 registers): warp 0 issues
 // per K tile of 128 one bulk copy of the 8 KB weight tile, one of its 512 scale bytes and one TMA
 // (SWIZZLE_128B) of the 128-token x 128-byte activation tile into a stage (full barrier `wfull`,
 // completed by the transaction bytes); warps 1..3 take the stages in turn as converters: from the
 // stage's weight scale bytes the per-block fold (smax, spread, fast or slow form), each row's E4M3
 // lookup table, and from the activation scale bytes (read from global memory) the fp32 column
 // multipliers of the promotion, into the stage (barrier `cfull`, 32 arrivals). Warpgroups 1 and 2
-// (setmaxnreg up to 208) consume 64 weight rows each: per MX block of the stage the A fragment is
+// (setmaxnreg up to 200) consume 64 weight rows each: per MX block of the stage the A fragment is
 // decoded in registers (two PRMT lookups per word), one wgmma m64n128k32 (A E4M3 from registers,
 // B E4M3 / E5M2 from shared memory, scale-d 0) gives the block's partial sums, and after
 // `wait<0>` every partial is added into the fp32 totals with one FFMA by its column multiplier
@@ -68,9 +68,9 @@ struct Fp8Stage {
 static_assert(Fp8Stage::kW % 1024 == 0 && Fp8Stage::kTab % 16 == 0 && Fp8Stage::kMul % 16 == 0, "stage layout");
 
 constexpr int kFp8Threads = 384;
-/// setmaxnreg of warpgroup 0 (producer, converters) and of the consumer warpgroups: 128 x (88 +
-/// 2 x 208) = 64512 of the 65536 registers (the launch gives every thread 168).
-constexpr uint32_t kFp8ProducerRegs = 88, kFp8ConsumerRegs = 208;
+/// setmaxnreg of warpgroup 0 (producer, converters) and of the consumer warpgroups: 128 x (104 +
+/// 2 x 200) = 65536 registers (the launch gives every thread 168).
+constexpr uint32_t kFp8ProducerRegs = 104, kFp8ConsumerRegs = 200;
 constexpr int kFp8SmemBytes = moe::kFp8Stages * Fp8Stage::kBytes + 1024;
 
 /// The work item `item` of the persistent loop: row block x, token tile y, its group and rows.
@@ -78,13 +78,14 @@ struct Fp8Item {
   int64_t x = 0, grp = -1, m0 = 0, m1 = 0;
   int64_t nkt = 0;  // K tiles
 };
-/// Warp-wide: item `item` (x = item % row blocks, y = item / row blocks); grp < 0: no tile at y.
-__device__ __forceinline__ Fp8Item fp8_item(const GroupArgs& A, int64_t item) {
+/// Warp-wide: item `item` (x = item % nx, y = item / nx; nx = row blocks); grp < 0: no tile at y.
+/// 32-bit item indices (the launcher guarantees fewer than 2^31 items; a 64-bit division is a
+/// subroutine call whose saved registers spilled in the producer warpgroup).
+__device__ __forceinline__ Fp8Item fp8_item(const GroupArgs& A, uint32_t item, uint32_t nx) {
   Fp8Item it;
-  const int64_t nx = (A.N + kRows - 1) / kRows;
-  it.x = item % nx;
+  it.x = int64_t(item % nx);
   int64_t grp = -1, tile = 0;
-  if (!find_tile(A, Fp8Stage::kTileN, item / nx, &grp, &tile)) return it;
+  if (!find_tile(A, Fp8Stage::kTileN, int64_t(item / nx), &grp, &tile)) return it;
   it.grp = grp;
   it.m0 = A.bound(grp) + tile * Fp8Stage::kTileN;
   const int64_t gend = A.bound(grp + 1);
@@ -103,13 +104,14 @@ __device__ __forceinline__ void fp8_convert(const GroupArgs& A, const Fp8Item& i
   using S = Fp8Stage;
   const int64_t R0 = it.x * kRows, KB = A.K / 32;
   const int64_t nrows = A.N - R0;  // rows of the tile below N (>= 1)
-  uint32_t w[4], mn = 0xFFFFFFFFu, mx = 0u;
+  const uint32_t* ws = reinterpret_cast<const uint32_t*>(st + S::kWS);  // row r's 4 scale bytes: ws[r]
+  uint32_t mn = 0xFFFFFFFFu, mx = 0u;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    w[i] = reinterpret_cast<const uint32_t*>(st + S::kWS)[lane + 32 * i];
+    const uint32_t w = ws[lane + 32 * i];
     if (lane + 32 * i < nrows) {
-      mn = __vminu4(mn, w[i]);
-      mx = __vmaxu4(mx, w[i]);
+      mn = __vminu4(mn, w);
+      mx = __vmaxu4(mx, w);
     }
   }
 #pragma unroll
@@ -135,13 +137,16 @@ __device__ __forceinline__ void fp8_convert(const GroupArgs& A, const Fp8Item& i
     slow |= (folds[b] ? 0u : 1u) << b;
   }
   // tables of this lane's rows lane + 32 i: halves (blocks 0, 1) and (2, 3)
-#pragma unroll
+  // NOTE: not unrolled, the scale word read again: the converter runs at the producer
+  // warpgroup's register budget
+#pragma unroll 1
   for (int i = 0; i < 4; ++i) {
     const int r = lane + 32 * i;
+    const uint32_t w = ws[r];
     uint32_t lo[4], hi[4];
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
-      const int D = fp8::fold_d((w[i] >> (8 * b)) & 0xFFu, folds[b], smax[b]);
+      const int D = fp8::fold_d((w >> (8 * b)) & 0xFFu, folds[b], smax[b]);
       lo[b] = fp8::fold_lo(D);
       hi[b] = fp8::fold_hi(D);
     }
@@ -168,16 +173,24 @@ __device__ __forceinline__ void fp8_convert(const GroupArgs& A, const Fp8Item& i
 /// converter lane's tokens lane + 32 i; 0 where there is no such row or block (the multiplier is
 /// then 0 anyway). In both activation scale layouts (row-major, 128x4 blocked) the four bytes are
 /// consecutive: one 32-bit load where aligned and inside K, else byte loads.
-__device__ __forceinline__ void fp8_act_scales(const GroupArgs& A, const Fp8Item& it, int64_t kt, int lane,
-                                               uint32_t (&sa)[4]) {
+/// srow0: the stored scale row of the tile's first row (its tokens are consecutive rows of one
+/// group, consecutive stored rows in every layout: row-major, masked, 128x4 with group padding).
+__device__ __forceinline__ void fp8_act_scales(const GroupArgs& A, const Fp8Item& it, int64_t srow0, int64_t kt,
+                                               int lane, uint32_t (&sa)[4]) {
   const int64_t KB = A.K / 32, kb0 = kt * 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t m = it.m0 + lane + 32 * i;
     sa[i] = 0u;
     if (m >= it.m1) continue;
-    const int64_t srow = A.a_scale_row(A.a_row(it.grp, m));
-    const uint8_t* p = A.a_scale + scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, kb0);
+    int64_t srow = srow0 + (m - it.m0);  // clamped to the rows the caller allocated (as a_scale_row)
+    srow = srow < 0 ? 0 : (srow >= A.spa.rows_pad ? A.spa.rows_pad - 1 : srow);
+    // scale_offset of the two layouts the API takes (row-major, 128x4 blocked), written out: with
+    // the generic switch ptxas kept every layout's row term of all four tokens live (spills)
+    const int64_t off = A.spa.layout.kind == ScaleLayoutKind::kBlocked128x4
+                            ? ((srow >> 7) * ((A.spa.cols + 3) >> 2) + kt) * 512 + (srow & 31) * 16 + ((srow & 127) >> 5) * 4
+                            : srow * A.spa.cols + kb0;
+    const uint8_t* p = A.a_scale + off;
     if (kb0 + 3 < KB && (reinterpret_cast<uintptr_t>(p) & 3u) == 0) {
       sa[i] = *reinterpret_cast<const uint32_t*>(p);
     } else {
@@ -211,18 +224,21 @@ __global__ void __launch_bounds__(kFp8Threads, 1)
   griddep_wait();  // m_indptr / the activations may come from the previous kernel
   const uint32_t smem_base = smem_u32(smem);
   const uint32_t wfull0 = smem_u32(&bars[0]), cfull0 = smem_u32(&bars[kStages]), empty0 = smem_u32(&bars[2 * kStages]);
-  const int64_t nx = (A.N + kRows - 1) / kRows;
-  const int64_t items = nx * A.max_tiles;
+  const uint32_t nx = uint32_t((A.N + kRows - 1) / kRows);
+  const uint32_t items = uint32_t(int64_t(nx) * A.max_tiles);  // < 2^31 (group_gemm_mxfp4_fp8)
   const int64_t Np = mxfp4_packed_rows(A.N), Kq = mxfp4_fp8_packed_k(A.K);
   const int64_t ktiles = Kq / S::kTileK;
   uint32_t gi = 0;  // pipeline iteration: stage gi % kStages, phase gi / kStages (every role alike)
 
   if (warp < 4) {  // warpgroup 0: producer (warp 0) and converters (warps 1..3)
     cutlass::arch::warpgroup_reg_dealloc<kFp8ProducerRegs>();
-    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-      const Fp8Item it = fp8_item(A, item);
+    for (uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
+      const Fp8Item it = fp8_item(A, item, nx);
       if (it.grp < 0) continue;
       const int64_t tile0 = (it.grp * (Np / kRows) + it.x) * ktiles;  // the item's first packed tile
+      // converters: the stored activation scale row of the tile's first row (one search of the
+      // group bounds per item, not per token and K tile)
+      const int64_t srow0 = warp > 0 ? A.spa.stored_row(A.a_row(it.grp, it.m0)) : 0;
       for (int64_t kt = 0; kt < it.nkt; ++kt, ++gi) {
         const uint32_t s = gi % kStages, ph = gi / kStages;
         uint8_t* st = smem + s * S::kBytes;
@@ -240,7 +256,7 @@ __global__ void __launch_bounds__(kFp8Threads, 1)
           }
         } else if (int(gi % 3u) == warp - 1) {
           uint32_t sa[4];
-          fp8_act_scales(A, it, kt, lane, sa);  // global loads, issued before the waits
+          fp8_act_scales(A, it, srow0, kt, lane, sa);  // global loads, issued before the waits
           if (gi >= uint32_t(kStages)) Prims::mbar_wait(empty0 + 8 * s, (ph - 1) & 1);
           Prims::mbar_wait(wfull0 + 8 * s, ph & 1);
           fp8_convert(A, it, kt, st, sa, lane);
@@ -266,8 +282,8 @@ __global__ void __launch_bounds__(kFp8Threads, 1)
   float tot[64], part[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) part[i] = 0.0f;  // written by every wgmma (scale-d 0), read only after
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const Fp8Item it = fp8_item(A, item);
+  for (uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const Fp8Item it = fp8_item(A, item, nx);
     if (it.grp < 0) continue;
 #pragma unroll
     for (int i = 0; i < 64; ++i) tot[i] = 0.0f;

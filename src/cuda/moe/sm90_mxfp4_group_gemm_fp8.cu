@@ -79,6 +79,9 @@ int group_gemm_mxfp4_fp8(const GroupGemmPlan& p, void* stream) {
   a.max_tiles = moe::fp8_token_tiles(p.M, p.G, p.max_tokens);
   const int64_t items = (p.N + kRows - 1) / kRows * a.max_tiles;
   if (items <= 0) return 0;
+  // the kernel counts items in 32 bits: unreachable for operands that fit in memory (items <=
+  // N M / 16384 + ceil(N / 128) G, both far below 2^31 for any output and weights of < 2^40 bytes)
+  if (items >= (int64_t(1) << 31)) return int(cudaErrorInvalidValue);
   int64_t* ind = nullptr;
   cudaError_t e = cudaSuccess;
   if (p.counts) {  // m_counts layouts: the compact group bounds, on the device (group_layout.cuh)
