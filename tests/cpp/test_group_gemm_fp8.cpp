@@ -408,4 +408,23 @@ TEST(Fp8Api, Refusals) {
   for (uint16_t v : out) ASSERT_EQ(v, 0x7FFF);
 }
 
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+// The CUDA kernel's constraints are refused before any device work (the tensors below are never
+// touched: host memory labelled as CUDA, so a launch would fail loudly instead).
+TEST(Fp8Api, CudaConstraintsAreRefusedWithNotSupported) {
+  Problem pr({4, 4}, 128, 128, 27);
+  std::vector<uint16_t> out;
+  std::vector<uint8_t> wide(size_t(pr.M * (pr.K + 8)), 0);
+  GroupGemmArgs x = pr.fp8_args(out);
+  x.a = TensorView(wide.data(), DType::kE4M3, {pr.M, pr.K}, {pr.K + 8, 1}, Device::kCUDA);  // row stride K + 8
+  for (TensorView* v : {&x.a_scale, &x.b, &x.b_scale, &x.m_indptr, &x.out}) v->device = Device::kCUDA;
+  try {
+    group_gemm_mxfp4_nt_groupwise(x);
+    FAIL() << "no error";
+  } catch (const NotSupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 16 bytes"), std::string::npos) << e.what();
+  }
+}
+#endif
+
 }  // namespace

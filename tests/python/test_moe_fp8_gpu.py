@@ -265,6 +265,21 @@ def test_fp8_zero_blocks(torch):
     assert (got[7] == 0).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["e4m3", "e5m2"])
+def test_fp8_nan_activation_codes(torch, act):
+    """NaN activation codes (E4M3 0x7F / 0xFF, E5M2 0x7F / 0xFE) in a few rows: the FP8 tensor cores
+    propagate them, NaN exactly where the reference is NaN."""
+    ops = _randn_operands([0, 40, 90], 256, 288, act, seed=18)
+    raw = ops.a.view(np.uint8).copy()
+    nan = (0x7F, 0xFF) if act == "e4m3" else (0x7F, 0xFE)
+    raw[3, 17], raw[60, 250], raw[129, 0] = nan[0], nan[1], nan[0]
+    ops.a = raw.view(ops.a.dtype)
+    got, ref = _check_fp8(torch, ops, a_layout="row_major", b_layout="row_major", out_name="bfloat16",
+                          label=f"NaN codes {act}")
+    assert np.isnan(ref[[3, 60, 129]]).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # exactness properties: any layout bug breaks them
 
