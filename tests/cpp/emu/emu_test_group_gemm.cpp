@@ -43,9 +43,11 @@ enum class Act { kBF16, kE4M3, kE5M2 };
 ///   kNaN: weight scale 255 in one block of one row of every non-empty group (and in the whole
 ///     expert of an empty group, which no output reads); MXFP8: activation scale 255 in one block
 ///     of one row;
-///   kActRange: MXFP8 activations with scale bytes 0 and 250 in one row (its values span more than
-///     bf16's range: the exact fp32 recomputation of its tiles).
-enum class Special { kNone, kWide, kNaN, kActRange };
+///   kActShift: MXFP8 E4M3 activations with scale bytes 0 and 250 in one row and a byte 1 in
+///     another: the pre-pass shifts those rows by 2^3 and 2^2 into bf16's range (exactly), the
+///     epilogue back;
+///   kWeightTop, kActOverflow: the two discrepancies of the disabled tests below.
+enum class Special { kNone, kWide, kNaN, kActShift, kWeightTop, kActOverflow };
 
 struct Case {
   std::string name;
@@ -105,7 +107,13 @@ void run_case(const Case& cs, const Mode& mode) {
   for (auto& v : a8) v = cs.act == Act::kE5M2 ? encode_e5m2(nd(rng)) : encode_e4m3(nd(rng));
   for (auto& v : as) v = uint8_t(122 + rng() % 9);
 
-  if (cs.special == Special::kWide) {
+  if (cs.special == Special::kWeightTop) {  // bytes 253 / 254 in block 11 of a quarter of the rows
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t n = 1; n < N; n += 4) bs_at(g, n, 11) = uint8_t(253 + (n / 4) % 2);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 11 * 32; k < 12 * 32; ++k)
+        a16[size_t(m * K + k)] = encode_bf16(std::ldexp(decode_bf16(a16[size_t(m * K + k)]), -110));
+  } else if (cs.special == Special::kWide) {
     const int64_t t1 = std::min<int64_t>(1, (K - 1) / 256);  // a K tile of 256 (the warp-specialized kernel's)
     for (int64_t g = 0; g < G; ++g)
       for (int64_t n = 0; n < N; ++n)
@@ -127,12 +135,18 @@ void run_case(const Case& cs, const Mode& mode) {
       }
     }
     if (fp8) as[size_t(1 * Kb + 1)] = 255;
-  } else if (cs.special == Special::kActRange) {
-    const int64_t m = 2;
-    as[size_t(m * Kb + 0)] = 0;
-    as[size_t(m * Kb + 1)] = 250;
+  } else if (cs.special == Special::kActShift) {
+    as[size_t(2 * Kb + 0)] = 0;  // row 2: bytes 0 and 250 (beyond bf16's range together)
+    as[size_t(2 * Kb + 1)] = 250;
     for (int64_t g = 0; g < G; ++g)
       for (int64_t n = 0; n < N; ++n) bs_at(g, n, 1) = 27;  // products of block 1 stay finite
+    as[size_t(4 * Kb + 0)] = 1;  // row 4: shifted into bf16's range by 2^2, exactly
+  } else if (cs.special == Special::kActOverflow) {
+    as[size_t(2 * Kb + 0)] = 0;    // row 2: shifted by 2^3 (E4M3's lo = 3)
+    as[size_t(2 * Kb + 1)] = 250;  // 4 * 2^123 = 2^125: finite; shifted, 2^128
+    a8[size_t(2 * K + 32)] = encode_e4m3(4.0f);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t n = 0; n < N; ++n) bs_at(g, n, 1) = 27;
   }
 
   // the plan (host pointers: the emulated device memory is host memory)
@@ -300,13 +314,47 @@ TEST_P(EmuGroupGemm, MatchesCpuReference) {
 }
 
 // name, group sizes, N, K, act, packed, b_blocked, max_tokens, sms, special, nt, ws, splits
+// Two inputs on which the kernels and the reference disagree, found by the emulation and kept as
+// disabled tests (run them with --gtest_also_run_disabled_tests); the kernels are unchanged.
+//
+// Weight scale bytes 253 / 254: the reference decodes an MXFP4 weight e2m1 * 2^(s-127) in fp32,
+// so |e2m1| >= 2 at byte 254 (>= 4 at 253) is +-Inf (docs/formats.md: values of 2^128 or more are
+// +-Inf in fp32), and its products give +-Inf / NaN sums; the kernels decode these bytes with two
+// exact bf16 multiplies (2^(min(s,133)-6) * 2^(max(s,133)-133)) and keep the finite exact products.
+TEST(EmuGroupGemmKnown, DISABLED_WeightScaleBytes253And254DecodeToInfInTheReference) {
+  run_case(Case{"wtop", {5, 0, 23, 1, 0, 40}, 256, 1024, Act::kBF16, true, false, 0, 2, Special::kWeightTop, 16, true, 1},
+           {emu::CpAsyncMode::kImmediate, emu::WgmmaMode::kAtWait});
+}
+// An MXFP8 row whose smallest scale byte is below the element type's lo (E4M3: 3) is multiplied by
+// 2^ka by the pre-pass (group_prepass.cuh); where that pushes an element past fp32's range (here
+// 4 * 2^(250-127) = 2^125, times 2^3) the product is +-Inf in fp32, which bf16 holds "exactly", so
+// the row is not flagged for the exact recomputation and its outputs are +-Inf / NaN while the
+// reference's are finite. (With the shift every finite product is bf16-exact, so the flag -- and
+// exact_dot -- is reached by no MXFP8 input; fp32 overflow is the case it misses.)
+TEST(EmuGroupGemmKnown, DISABLED_ShiftedMxfp8RowOverflowsFp32) {
+  run_case(Case{"ovf", {150, 140}, 128, 384, Act::kE4M3, false, false, 0, 2, Special::kActOverflow, 128, false, 2},
+           {emu::CpAsyncMode::kImmediate, emu::WgmmaMode::kAtWait});
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, EmuGroupGemm,
     ::testing::Values(
         // the warp-specialized kernel (packed weights, 16 / 32 tokens)
         Case{"ws16_ragged_wide", {5, 0, 23, 1, 0, 40}, 256, 1024, Act::kBF16, true, false, 0, 2, Special::kWide, 16, true, 1},
-        Case{"ws32_e4m3_nan", {40, 0, 17, 33, 3}, 192, 768, Act::kE4M3, true, false, 0, 2, Special::kNaN, 32, true, 1},
-        Case{"ws16_splitk", {3, 0, 9}, 128, 1024, Act::kE5M2, true, false, 0, 16, Special::kNone, 16, true, 2}),
+        Case{"ws32_e4m3_nan", {40, 0, 17, 33, 3}, 192, 1536, Act::kE4M3, true, false, 0, 2, Special::kNaN, 32, true, 1},
+        Case{"ws16_splitk", {3, 0, 9}, 128, 1024, Act::kE5M2, true, false, 0, 16, Special::kNone, 16, true, 2},
+        // masked layout (device counts, capped grid): CTAs loop over 2 work items, the stages'
+        // phases running on across them
+        Case{"ws32_masked_items", {24, 24, 24, 24, 20, 7}, 256, 768, Act::kBF16, true, false, 24, 2, Special::kNone, 32, true, 1},
+        // the cp.async kernel: plain weights (row-major or 128x4 scales) and packed ones, 16..128 tokens
+        Case{"cp16_plain_blocked_wide", {5, 0, 23, 1, 0, 40}, 256, 1024, Act::kBF16, false, true, 0, 2, Special::kWide, 16, false, 1},
+        Case{"cp32_plain_e5m2_ktail", {40, 0, 17, 33, 3}, 192, 544, Act::kE5M2, false, false, 0, 2, Special::kNone, 32, false, 1},
+        Case{"cp32_plain_splitk", {20, 30}, 128, 2048, Act::kE4M3, false, false, 0, 16, Special::kNone, 32, false, 4},
+        Case{"cp32_plain_masked_items", {24, 24, 24, 24, 20, 7}, 128, 512, Act::kE4M3, false, false, 24, 2, Special::kNaN, 32, false, 1},
+        Case{"cp64_packed_e4m3", {50, 0, 70, 33}, 128, 640, Act::kE4M3, true, false, 0, 2, Special::kNone, 64, false, 1},
+        Case{"cp64_plain_blocked_nan", {50, 0, 70, 33}, 192, 512, Act::kBF16, false, true, 0, 2, Special::kNaN, 64, false, 1},
+        Case{"cp128_packed_nan", {130, 200}, 128, 512, Act::kE5M2, true, false, 0, 2, Special::kNaN, 128, false, 2},
+        Case{"cp128_plain_actshift", {150, 140}, 128, 384, Act::kE4M3, false, false, 0, 2, Special::kActShift, 128, false, 2}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace
