@@ -40,7 +40,8 @@
 //    that reads such bytes without it fails. (Plain st.shared stores are not tracked.)
 //  * mul.rn.bf16x2 (PTX ISA "Half precision floating point instructions: mul"): per half, the exact
 //    product rounded to nearest even in bf16, subnormals kept (no flush for bf16), NaN as the
-//    canonical 0x7FFF.
+//    canonical 0x7FFF. cvt.rn.f16x2.e4m3x2 and cvt.rn.bf16x2.f32 (PTX ISA "cvt"): exact widening,
+//    resp. rounding to nearest even, NaN as the canonical 0x7FFF.
 //  * wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 with A in registers (PTX ISA "Asynchronous
 //    Warpgroup Level Matrix Multiply-Accumulate", Register Fragments and Shared Memory Layouts):
 //    - A (64 x 16) fragment, Figure "WGMMA .m64nNk16 register fragment layout for matrix A": warp w
@@ -122,15 +123,28 @@ struct AsyncRecord {
 struct WgmmaOp {
   uint32_t a[4];
   uint64_t desc;
-  std::vector<float*> d;
-  bool done = false;
+  float* d;       ///< the thread's n accumulators (contiguous)
+  unsigned n;     ///< N / 2
+  bool done;
 };
-/// The wgmma state of one warpgroup (128 threads).
+/// The wgmma state of one warpgroup (128 threads). Each thread's ops and groups live in rings
+/// indexed by absolute counts (nothing moves once written, so other threads may read a slot while
+/// its owner goes on): a slot is rewritten kRing ops later, long after every reader passed the
+/// warpgroup barrier of the op's completion.
 struct WarpGroup {
+  static constexpr uint64_t kRing = 64;
+  struct Thread {
+    WgmmaOp ops[kRing];
+    std::atomic<uint64_t> issued{0};  ///< op counts (issued: read by the other threads)
+    uint64_t retired = 0;
+    uint64_t ends[kRing];              ///< op count at each commit
+    uint64_t commits = 0, waited = 0;  ///< groups committed / retired
+    uint64_t waits = 0;                ///< wait_group calls
+    uint64_t wait_r[kRing];            ///< op count retired by each wait (the threads compare them)
+    bool fenced = false;               ///< a wgmma.fence since the last commit
+  };
   std::unique_ptr<std::barrier<>> bar;
-  std::vector<WgmmaOp> ops[128];  ///< issued, not retired, in issue order
-  std::vector<size_t> ends[128];  ///< committed groups: op counts at each commit
-  bool fenced[128] = {};          ///< a wgmma.fence since the last commit
+  Thread th[128];
 };
 struct Sm90Cta {
   std::mutex mu;
@@ -150,7 +164,8 @@ inline void sm90_finish(Cta& c) {
   if (!s->inflight.empty()) fail("the CTA exited with TMA / cp.async copies in flight that no mbarrier wait consumed");
   for (auto& wg : s->wgs)
     for (int t = 0; t < 128; ++t)
-      if (!wg->ops[t].empty()) fail("the CTA exited with wgmma operations not retired by a wgmma.wait_group");
+      if (wg->th[t].retired != wg->th[t].issued)
+        fail("the CTA exited with wgmma operations not retired by a wgmma.wait_group");
   delete s;
   c.sm90.store(nullptr);
 }
@@ -407,6 +422,23 @@ inline uint32_t mul_rn_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
+// ---- conversions (PTX ISA "cvt") ----
+/// cvt.rn.f16x2.e4m3x2: byte 0 -> the low fp16, byte 1 -> the high one; every E4M3 value is an
+/// fp16 value (exact), the E4M3 NaN codes give the canonical fp16 NaN 0x7FFF.
+inline uint32_t cvt_rn_f16x2_e4m3x2(uint16_t two) {
+  uint32_t d = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t c = uint8_t(two >> (8 * h));
+    const float v = lowbit::decode_e4m3(c);
+    d |= uint32_t(v != v ? uint16_t(0x7FFF) : lowbit::encode_fp16(v)) << (16 * h);
+  }
+  return d;
+}
+/// cvt.rn.bf16x2.f32 d, hi, lo: each rounded to nearest even in bf16 (NaN: the canonical 0x7FFF).
+inline uint32_t cvt_rn_bf16x2_f32(float hi, float lo) {
+  return uint32_t(bf16_rne(double(lo))) | (uint32_t(bf16_rne(double(hi))) << 16);
+}
+
 // ---- wgmma ----
 inline WarpGroup& my_wg(unsigned* t, const char* op) {
   Sm90Cta& s = s90();
@@ -427,89 +459,104 @@ inline void wgmma_check_desc(uint64_t desc) {
   const uint32_t start = uint32_t(desc & 0x3FFFu) << 4;
   if ((start & 127u) + 32u > 128u) fail("wgmma: the k16 slice of a K-major 128B-swizzled B crosses its 128-byte row");
 }
-/// Thread t's accumulators of op i (all threads' A fragments of op i are read).
-inline void wgmma_compute(WarpGroup& wg, unsigned t, size_t i) {
-  WgmmaOp& op = wg.ops[t][i];
+/// Thread t's accumulators of its op number i (all threads' A fragments of op i are read).
+inline void wgmma_compute(WarpGroup& wg, unsigned t, uint64_t i) {
+  WgmmaOp& op = wg.th[t].ops[i % WarpGroup::kRing];
   Sm90Cta& s = s90();
-  const int n = int(op.d.size()) * 2;  // N
-  for (unsigned o = 0; o < 128; ++o)
-    if (wg.ops[o].size() <= i || wg.ops[o][i].desc != op.desc || wg.ops[o][i].d.size() != op.d.size())
-      fail("wgmma: the threads of the warpgroup issued different MMAs (shape or B descriptor)");
+  // every thread compares its op with thread 0's: all 128 issued the same MMA
+  const WgmmaOp& o0 = wg.th[0].ops[i % WarpGroup::kRing];
+  if (wg.th[0].issued.load(std::memory_order_relaxed) <= i || o0.desc != op.desc || o0.n != op.n)
+    fail("wgmma: the threads of the warpgroup issued different MMAs (shape or B descriptor)");
   wgmma_check_desc(op.desc);
-  // the B operand (16 x N), with the proxy check of its bytes
-  std::vector<float> B(size_t(16 * n));
-  for (int c = 0; c < n; ++c)
-    for (int k = 0; k < 16; ++k) {
-      const uint32_t a = wgmma_b_addr(op.desc, c, k);
-      check_window(a, 2, "wgmma B operand");
-      const uint64_t sh = s.shadow[a / 16].load();
-      if (sh >> 63) {
-        const unsigned w = unsigned(sh >> 32) & 0xFFFFu;
-        if (s.fences[w].load() <= uint32_t(sh))
-          fail("wgmma reads shared memory written by a cp.async of thread " + std::to_string(w) +
-               " without a fence.proxy.async by that thread after the copy landed");
-      }
-      uint16_t h;
-      std::memcpy(&h, cta->window + a, 2);
-      B[size_t(k * n + c)] = lowbit::decode_bf16(h);
-    }
   const unsigned warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
-  auto A = [&](unsigned r, unsigned k) {  // A[r][k]: warp r / 16, lane 4 (r % 8) + (k % 8) / 2
-    const unsigned th = 32 * (r / 16) + 4 * (r % 8) + (k % 8) / 2, reg = ((r % 16) / 8) + 2 * (k / 8);
-    return lowbit::decode_bf16(uint16_t(wg.ops[th][i].a[reg] >> (16 * (k % 2))));
+  // B element (k, c), with the proxy check of its bytes
+  auto Bval = [&](unsigned k, unsigned c) {
+    const uint32_t a = wgmma_b_addr(op.desc, int(c), int(k));
+    check_window(a, 2, "wgmma B operand");
+    const uint64_t sh = s.shadow[a / 16].load(std::memory_order_relaxed);
+    if (sh >> 63) {
+      const unsigned w = unsigned(sh >> 32) & 0xFFFFu;
+      if (s.fences[w].load() <= uint32_t(sh))
+        fail("wgmma reads shared memory written by a cp.async of thread " + std::to_string(w) +
+             " without a fence.proxy.async by that thread after the copy landed");
+    }
+    uint16_t h;
+    std::memcpy(&h, cta->window + a, 2);
+    return lowbit::decode_bf16(h);
   };
-  for (size_t j = 0; j < op.d.size(); ++j) {
-    const unsigned r = 16 * warp + g + 8 * ((j >> 1) & 1), c = 8 * unsigned(j >> 2) + 2 * q + unsigned(j & 1);
-    float acc = *op.d[j];
-    for (unsigned k = 0; k < 16; ++k) acc += A(r, k) * B[size_t(k * unsigned(n) + c)];
-    *op.d[j] = acc;
+  // A rows g and g + 8 of this warp: A[r][k] is held by lane 4 (r % 8) + (k % 8) / 2 of warp r / 16,
+  // register (r % 16) / 8 + 2 (k / 8), half k % 2
+  float A[2][16];
+  for (unsigned hr = 0; hr < 2; ++hr)
+    for (unsigned k = 0; k < 16; ++k) {
+      const unsigned th = 32 * warp + 4 * g + (k % 8) / 2, reg = hr + 2 * (k / 8);
+      A[hr][k] = lowbit::decode_bf16(uint16_t(wg.th[th].ops[i % WarpGroup::kRing].a[reg] >> (16 * (k % 2))));
+    }
+  // D register j: D[16 warp + g + 8 ((j >> 1) & 1)][8 (j >> 2) + 2q + (j & 1)]
+  float B[16][2];
+  for (unsigned j = 0; j < op.n; ++j) {
+    const unsigned hr = (j >> 1) & 1, c = 8 * (j >> 2) + 2 * q + (j & 1);
+    if ((j & 3) == 0)  // a new column pair: B[k][c], B[k][c + 1]
+      for (unsigned k = 0; k < 16; ++k) {
+        B[k][0] = Bval(k, c);
+        B[k][1] = Bval(k, c + 1);
+      }
+    float acc = op.d[j];
+    for (unsigned k = 0; k < 16; ++k) acc += A[hr][k] * B[k][j & 1];
+    op.d[j] = acc;
   }
   op.done = true;
 }
 inline void wgmma_fence() {
   unsigned t;
   WarpGroup& wg = my_wg(&t, "wgmma.fence");
-  wg.fenced[t] = true;
+  wg.th[t].fenced = true;
 }
-inline void wgmma_issue(const uint32_t (&a)[4], uint64_t desc, std::vector<float*>&& d) {
+inline void wgmma_issue(const uint32_t (&a)[4], uint64_t desc, float* d, unsigned n) {
   unsigned t;
   WarpGroup& wg = my_wg(&t, "wgmma.mma_async");
-  if (!wg.fenced[t]) fail("wgmma.mma_async without a wgmma.fence (warpgroup_arrive) since the last commit");
-  WgmmaOp op;
+  WarpGroup::Thread& me = wg.th[t];
+  if (!me.fenced) fail("wgmma.mma_async without a wgmma.fence (warpgroup_arrive) since the last commit");
+  if (me.issued - me.retired >= WarpGroup::kRing / 2) fail("more wgmma operations in flight than the emulation holds");
+  WgmmaOp& op = me.ops[me.issued % WarpGroup::kRing];
   std::memcpy(op.a, a, sizeof op.a);
   op.desc = desc;
-  op.d = std::move(d);
-  wg.ops[t].push_back(std::move(op));
+  op.d = d;
+  op.n = n;
+  op.done = false;
+  const uint64_t i = me.issued.load(std::memory_order_relaxed);
+  me.issued.store(i + 1, std::memory_order_relaxed);
   if (wgmma_mode == WgmmaMode::kAtIssue) {
-    wg.bar->arrive_and_wait();
-    wgmma_compute(wg, t, wg.ops[t].size() - 1);
-    wg.bar->arrive_and_wait();
+    wg.bar->arrive_and_wait();  // the 128 threads' op i is in place
+    wgmma_compute(wg, t, i);
   }
 }
 inline void wgmma_commit() {
   unsigned t;
   WarpGroup& wg = my_wg(&t, "wgmma.commit_group");
-  wg.ends[t].push_back(wg.ops[t].size());
-  wg.fenced[t] = false;
+  WarpGroup::Thread& me = wg.th[t];
+  if (me.commits - me.waited >= WarpGroup::kRing) fail("more wgmma groups in flight than the emulation holds");
+  me.ends[me.commits++ % WarpGroup::kRing] = me.issued;
+  me.fenced = false;
 }
 inline void wgmma_wait(int n) {
   unsigned t;
   WarpGroup& wg = my_wg(&t, "wgmma.wait_group");
-  wg.bar->arrive_and_wait();
-  auto retire = [&](unsigned o) { return wg.ends[o].size() > size_t(n) ? wg.ends[o][wg.ends[o].size() - n - 1] : 0; };
-  const size_t r = retire(t);
-  for (unsigned o = 0; o < 128; ++o)
-    if (retire(o) != r || wg.ends[o].size() != wg.ends[t].size())
-      fail("wgmma.wait_group: the threads of the warpgroup committed different groups");
-  for (size_t i = 0; i < r; ++i)
-    if (!wg.ops[t][i].done) wgmma_compute(wg, t, i);
-  wg.bar->arrive_and_wait();
-  wg.ops[t].erase(wg.ops[t].begin(), wg.ops[t].begin() + long(r));
-  if (wg.ends[t].size() > size_t(n)) {
-    const size_t drop = wg.ends[t].size() - size_t(n);
-    wg.ends[t].erase(wg.ends[t].begin(), wg.ends[t].begin() + long(drop));
-    for (size_t& e : wg.ends[t]) e -= r;
+  WarpGroup::Thread& me = wg.th[t];
+  // the groups this wait retires: all but the newest n committed ones
+  uint64_t r = me.retired;
+  if (me.commits > me.waited + uint64_t(n)) {
+    r = me.ends[(me.commits - uint64_t(n) - 1) % WarpGroup::kRing];
+    me.waited = me.commits - uint64_t(n);
   }
+  const uint64_t w = me.waits++;
+  me.wait_r[w % WarpGroup::kRing] = r;
+  wg.bar->arrive_and_wait();  // every thread's ops and retire count of this wait are in place
+  if (wg.th[0].wait_r[w % WarpGroup::kRing] != r)
+    fail("wgmma.wait_group: the threads of the warpgroup committed different groups");
+  for (uint64_t i = me.retired; i < r; ++i)
+    if (!me.ops[i % WarpGroup::kRing].done) wgmma_compute(wg, t, i);
+  me.retired = r;
 }
 
 }  // namespace emu

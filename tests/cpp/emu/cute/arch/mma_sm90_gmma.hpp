@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "emu_sm90.hpp"
 
@@ -41,7 +40,10 @@ struct EmuRsBf16 {
     static_assert(sizeof...(D) == N / 2, "N / 2 fp32 accumulators per thread (scale-d is not emulated)");
     static_assert((std::is_same_v<D, float> && ...), "fp32 accumulators");
     const uint32_t a[4] = {a0, a1, a2, a3};
-    emu::wgmma_issue(a, desc_b, std::vector<float*>{&d...});
+    float* const ptrs[] = {&d...};
+    for (size_t j = 1; j < sizeof...(D); ++j)
+      if (ptrs[j] != ptrs[0] + j) emu::fail("wgmma: accumulators that are not one array are not emulated");
+    emu::wgmma_issue(a, desc_b, ptrs[0], unsigned(sizeof...(D)));
   }
 };
 #define LOWBIT_EMU_RS(N)                                                                               \
