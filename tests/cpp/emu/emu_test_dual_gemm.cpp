@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct Case {
   bool nan;        ///< an E4M3 NaN scale (0x7F) in a weight block and an activation block
   int nt, splits;  ///< what the host path must launch
 };
+
+/// gtest (and ctest) print a case by its name.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 struct Mode {
   emu::CpAsyncMode copies;
