@@ -1,6 +1,6 @@
 // tests/cpp/emu/cuda_runtime.h: the host emulation of the CUDA pieces that the emulated kernels
 // use (src/cuda/attention/sm90_nf4_encode.cu, sm90_nf4_decode_fused.cu, sm90_fp8_vcache.cu, the MXFP4
-// grouped GEMM of src/cuda/moe/), for the emu tests
+// grouped GEMM of src/cuda/moe/, the NVFP4 dual GEMM of src/cuda/gemm/), for the emu tests
 // (kernels run on the CPU: one std::thread per CUDA thread of a CTA, CTAs one after the other,
 // std::barrier for __syncthreads and, per warp, for the shuffles, ballots and __syncwarp;
 // __shared__ variables as function statics, or, in the sources rewritten with SHARED_WINDOW

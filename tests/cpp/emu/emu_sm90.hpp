@@ -67,9 +67,11 @@
 //      but the newest N committed groups. emu::wgmma_mode picks when an op computes: kAtWait (when
 //      the wait retires its group: its B bytes as they are then; D is stale until then) or kAtIssue
 //      (as soon as the 128 threads of the warpgroup have issued it: B as it is at issue). The ops are
-//      warpgroup-collective: fence / commit / wait / the MMA must be reached by all 128 threads with
-//      the same descriptors and groups (checked). wgmma.fence (warpgroup_arrive) must precede the
-//      first MMA of every group (checked; the kernels rewrite the A registers for every group).
+//      warpgroup-collective (.sync.aligned): the MMAs and the waits meet at a warpgroup barrier, so
+//      all 128 threads must reach them, and they must issue the same shapes and descriptors and
+//      commit the same groups (checked). A wgmma.fence (warpgroup_arrive) must come between a
+//      commit and the next MMA (checked: the kernels rewrite the A registers for every group, and
+//      the PTX ISA asks for the fence between register writes and the MMA that reads them).
 //  Not emulated: timing and overlap, clusters, the L2 cache hint, memory ordering beyond the waits
 //  above (the emulator's own locks order everything else).
 #pragma once
