@@ -55,6 +55,7 @@ enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
   cudaErrorNotSupported = 801
 };
 typedef struct CUstream_st* cudaStream_t;
@@ -304,6 +305,12 @@ inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyK
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+/// A __device__ variable is a host global here: its "device address" is its address.
+template <typename T>
+inline cudaError_t cudaGetSymbolAddress(void** p, T& symbol) {
+  *p = static_cast<void*>(&symbol);
+  return cudaSuccess;
+}
 
 namespace emu {
 

@@ -1,6 +1,6 @@
 // The MXFP4 grouped GEMM of src/cuda/moe/ (group_gemm_mxfp4: the activation pre-pass, the
 // warp-specialized TMA kernel group_gemm_ws_kernel, the cp.async kernel group_gemm_kernel, the
-// split-K finalize, the weight prepack kernel) runs on the CPU through the host emulation of
+// split-K finalize, the weight prepack kernel; and the dense mxfp4_gemm, one group with a bias) runs on the CPU through the host emulation of
 // tests/cpp/emu/ (the build rewrites the sources: tests/cpp/CMakeLists.txt; wgmma, TMA, mbarriers
 // and cp.async are emulated by emu_sm90.hpp) and is compared with the CPU reference
 // ref::group_gemm_mxfp4: |out - ref| <= 1e-3 + 1e-3 |ref| per element (fp32 output), NaN exactly
@@ -67,6 +67,9 @@ struct Case {
   /// packed weights whose experts lie 128 rows apart beyond their padded rows (a plan the API does
   /// not make: such weights are not TMA-eligible, so 16 / 32 tokens run the cp.async kernel)
   bool gap = false;
+  /// the dense mxfp4_gemm (one group, a bias of this dtype; kFloat32 or kBFloat16)
+  bool dense = false;
+  DType bias_dtype = DType::kFloat32;
 };
 
 /// gtest (and ctest) print a case by its name.
@@ -90,7 +93,8 @@ void run_case(const Case& cs, const Mode& mode) {
   // group bounds (compact rows) and the rows of a / out
   std::vector<int64_t> ind(size_t(G + 1), 0);
   for (int64_t g = 0; g < G; ++g) ind[size_t(g + 1)] = ind[size_t(g)] + cs.sizes[size_t(g)];
-  const int64_t M = masked ? G * cs.max_tokens : ind[size_t(G)] + 3;  // contiguous: 3 rows past the groups
+  // contiguous layout: 3 rows past the groups (not the dense linear: its one group is all M rows)
+  const int64_t M = masked ? G * cs.max_tokens : ind[size_t(G)] + (cs.dense ? 0 : 3);
   std::vector<int32_t> counts(cs.sizes.begin(), cs.sizes.end());
   std::vector<int32_t> ind32(ind.begin(), ind.end());
   auto row_used = [&](int64_t m) {
@@ -243,6 +247,17 @@ void run_case(const Case& cs, const Mode& mode) {
   }
   p.out_dtype = DType::kFloat32;
   p.o_sM = N;
+  // the dense linear's bias (fp32 or bf16 values of N(0, 4))
+  std::vector<float> bias32(static_cast<size_t>(N));
+  std::vector<uint16_t> bias16(static_cast<size_t>(N));
+  if (cs.dense) {
+    for (int64_t n = 0; n < N; ++n) {
+      bias16[size_t(n)] = encode_bf16(2.0f * nd(rng));
+      bias32[size_t(n)] = decode_bf16(bias16[size_t(n)]) + 0.001f * float(n % 7);
+    }
+    p.bias = cs.bias_dtype == DType::kFloat32 ? static_cast<const void*>(bias32.data()) : bias16.data();
+    p.bias_dtype = cs.bias_dtype;
+  }
 
   // reference (host group bounds)
   std::vector<float> ref(size_t(M * N), 0.0f);
@@ -271,7 +286,7 @@ void run_case(const Case& cs, const Mode& mode) {
   emu::cp_async_mode = mode.copies;
   emu::wgmma_mode = mode.mma;
   emu::launch_log.clear();
-  const int rc = cuda_emu::group_gemm_mxfp4(pe, nullptr);
+  const int rc = cs.dense ? cuda_emu::mxfp4_gemm(pe, nullptr) : cuda_emu::group_gemm_mxfp4(pe, nullptr);
   emu::sm_count = 2;
   emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
   emu::wgmma_mode = emu::WgmmaMode::kAtWait;
@@ -368,6 +383,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"cp64_packed_e4m3", {50, 0, 70, 33}, 128, 640, Act::kE4M3, true, false, 0, 2, Special::kNone, 64, false, 1},
         Case{"cp64_plain_blocked_nan", {50, 0, 70, 33}, 192, 512, Act::kBF16, false, true, 0, 2, Special::kNaN, 64, false, 1},
         Case{"cp128_packed_nan", {130, 200}, 128, 512, Act::kE5M2, true, false, 0, 2, Special::kNaN, 128, false, 2},
+        // the dense mxfp4_gemm (one group, bias epilogue)
+        Case{"dense_ws32_bias", {20}, 256, 512, Act::kE4M3, true, false, 0, 2, Special::kNone, 32, true, 1, false, true},
+        Case{"dense_cp128_bf16bias", {77}, 192, 512, Act::kBF16, false, false, 0, 2, Special::kNone, 128, false, 1, false,
+             true, DType::kBFloat16},
         Case{"cp128_plain_actshift", {150, 140}, 128, 384, Act::kE4M3, false, false, 0, 2, Special::kActShift, 128, false, 2}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
