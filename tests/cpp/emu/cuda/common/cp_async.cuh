@@ -11,8 +11,7 @@
 #include <vector>
 #include <cuda_runtime.h>
 namespace emu {
-enum class CpAsyncMode { kImmediate, kDeferred };
-inline CpAsyncMode cp_async_mode = CpAsyncMode::kImmediate;
+// CpAsyncMode and cp_async_mode: cuda_runtime.h (the sm_90 copies of emu_sm90.hpp share them).
 struct CpAsyncCopy {
   void* dst;
   const void* src;
