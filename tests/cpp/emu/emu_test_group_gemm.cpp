@@ -47,7 +47,8 @@ enum class Act { kBF16, kE4M3, kE5M2 };
 ///   kActShift: MXFP8 E4M3 activations with scale bytes 0 and 250 in one row and a byte 1 in
 ///     another: the pre-pass shifts those rows by 2^3 and 2^2 into bf16's range (exactly), the
 ///     epilogue back;
-///   kWeightTop, kActOverflow: the two discrepancies of the disabled tests below.
+///   kWeightTop: weight scale bytes 253 / 254 (elements of 2^128 or more: +-Inf); kActOverflow: an
+///     MXFP8 row whose pre-pass shift leaves fp32's range (the exact recomputation).
 enum class Special { kNone, kWide, kNaN, kActShift, kWeightTop, kActOverflow };
 
 struct Case {
@@ -342,32 +343,14 @@ TEST_P(EmuGroupGemm, MatchesCpuReference) {
 }
 
 // name, group sizes, N, K, act, packed, b_blocked, max_tokens, sms, special, nt, ws, splits
-// Two inputs on which the kernels and the reference disagree, found by the emulation and kept as
-// disabled tests (run them with --gtest_also_run_disabled_tests); the kernels are unchanged.
-//
-// Weight scale bytes 253 / 254: the reference decodes an MXFP4 weight e2m1 * 2^(s-127) in fp32,
-// so |e2m1| >= 2 at byte 254 (>= 4 at 253) is +-Inf (docs/formats.md: values of 2^128 or more are
-// +-Inf in fp32), and its products give +-Inf / NaN sums; the kernels decode these bytes with two
-// exact bf16 multiplies (2^(min(s,133)-6) * 2^(max(s,133)-133)) and keep the finite exact products.
-TEST(EmuGroupGemmKnown, DISABLED_WeightScaleBytes253And254DecodeToInfInTheReference) {
-  run_case(Case{"wtop", {5, 0, 23, 1, 0, 40}, 256, 1024, Act::kBF16, true, false, 0, 2, Special::kWeightTop, 16, true, 1},
-           {emu::CpAsyncMode::kImmediate, emu::WgmmaMode::kAtWait});
-}
-// An MXFP8 row whose smallest scale byte is below the element type's lo (E4M3: 3) is multiplied by
-// 2^ka by the pre-pass (group_prepass.cuh); where that pushes an element past fp32's range (here
-// 4 * 2^(250-127) = 2^125, times 2^3) the product is +-Inf in fp32, which bf16 holds "exactly", so
-// the row is not flagged for the exact recomputation and its outputs are +-Inf / NaN while the
-// reference's are finite. (With the shift every finite product is bf16-exact, so the flag -- and
-// exact_dot -- is reached by no MXFP8 input; fp32 overflow is the case it misses.)
-TEST(EmuGroupGemmKnown, DISABLED_ShiftedMxfp8RowOverflowsFp32) {
-  run_case(Case{"ovf", {150, 140}, 128, 384, Act::kE4M3, false, false, 0, 2, Special::kActOverflow, 128, false, 2},
-           {emu::CpAsyncMode::kImmediate, emu::WgmmaMode::kAtWait});
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Cases, EmuGroupGemm,
     ::testing::Values(
         // the warp-specialized kernel (packed weights, 16 / 32 tokens)
+        // weight scale bytes 253 / 254 with every code: elements of 2^128 or more are +-Inf in the
+        // reference's fp32 decode (docs/formats.md), and the kernels' three-multiply decode of the
+        // tile gives the same +-Inf / NaN sums (the two-multiply form before it kept them finite)
+        Case{"ws16_weight_top", {5, 0, 23, 1, 0, 40}, 256, 1024, Act::kBF16, true, false, 0, 2, Special::kWeightTop, 16, true, 1},
         Case{"ws16_ragged_wide", {5, 0, 23, 1, 0, 40}, 256, 1024, Act::kBF16, true, false, 0, 2, Special::kWide, 16, true, 1},
         Case{"ws32_e4m3_nan", {40, 0, 17, 33, 3}, 192, 1536, Act::kE4M3, true, false, 0, 2, Special::kNaN, 32, true, 1},
         Case{"ws16_splitk", {3, 0, 9}, 128, 1024, Act::kE5M2, true, false, 0, 16, Special::kNone, 16, true, 2},
@@ -387,6 +370,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"dense_ws32_bias", {20}, 256, 512, Act::kE4M3, true, false, 0, 2, Special::kNone, 32, true, 1, false, true},
         Case{"dense_cp128_bf16bias", {77}, 192, 512, Act::kBF16, false, false, 0, 2, Special::kNone, 128, false, 1, false,
              true, DType::kBFloat16},
+        Case{"cp16_plain_weight_top", {5, 0, 23, 1, 0, 40}, 256, 1024, Act::kBF16, false, false, 0, 2, Special::kWeightTop, 16, false, 1},
+        // an MXFP8 row that the pre-pass's shift by 2^3 pushes past fp32's range (4 * 2^123, times
+        // 2^3): the row's CTAs take the exact recomputation (before that check: +-Inf / NaN outputs
+        // where the reference's are finite)
+        Case{"cp128_plain_act_overflow", {150, 140}, 128, 384, Act::kE4M3, false, false, 0, 2, Special::kActOverflow, 128, false, 2},
         Case{"cp128_plain_actshift", {150, 140}, 128, 384, Act::kE4M3, false, false, 0, 2, Special::kActShift, 128, false, 2}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
