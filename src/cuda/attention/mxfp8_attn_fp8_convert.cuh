@@ -1,0 +1,143 @@
+// src/cuda/attention/mxfp8_attn_fp8_convert.cuh: the element work of the FP8 tensor-core path of
+// the MXFP8 attention forward (precision kFp8): E4M3 re-rounding by a power of two, the
+// shared-memory layouts of the FP8 wgmma operands, the V transpose units and the packing of P.
+//
+// Every operand of the FP8 path is an E4M3 code rescaled by 2^-k, k >= 0 (its scale relative to a
+// reference exponent that is never smaller), rounded once to nearest even:
+//   code (E4M3) -> f16 (exact) -> x 2^-k in f16 (exact for every result an E4M3 rounding can
+//   resolve: a result >= 2^-10 keeps its 4 significant bits above 2^-24; a smaller one rounds to
+//   at most 2^-10, which E4M3 rounds to 0 like the exact value) -> E4M3 (satfinite: never
+//   reached, |x 2^-k| <= 448). NaN codes and a NaN scale (f = NaN) give NaN codes.
+// All conversions are the cuda_fp8.h / cuda_fp16.h intrinsics (cvt.*.e4m3x2 on sm_89+).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace lowbit::cuda::attention::fp8 {
+
+// ---- shared-memory layouts ----
+
+/// Byte offset of byte `col` of row `r` in a K-major FP8 operand of `rows` rows stored in swizzle
+/// atoms of kW bytes per row (kW = 128: 128B swizzle, 16-byte chunk c of row r at c ^ (r % 8);
+/// kW = 64: 64B swizzle, chunk c at c ^ ((r / 2) % 4)); atoms along the row are rows * kW bytes
+/// apart. This is the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B / _64B and boxes of kW
+/// bytes, and the one the wgmma descriptors below describe.
+template <int kW>
+__device__ __forceinline__ uint32_t sw_offset(int rows, int r, int col) {
+  static_assert(kW == 128 || kW == 64, "swizzle atom of 64 or 128 bytes");
+  const int atom = col / kW, within = col % kW, chunk = within >> 4;
+  const int sw = kW == 128 ? (r & 7) : ((r >> 1) & 3);
+  return uint32_t(atom * rows * kW + r * kW + ((chunk ^ sw) << 4) + (within & 15));
+}
+
+/// wgmma shared-memory descriptor of a K-major operand in kW-byte swizzle atoms (8-row groups
+/// 8 * kW bytes apart; the k32 step of an FP8 wgmma is 32 bytes inside an atom).
+template <int kW>
+__device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr) {
+  uint64_t d = 0;
+  d |= uint64_t((smem_addr & 0x3FFFF) >> 4);
+  d |= uint64_t(1) << 16;                     // leading byte offset: unused (swizzled K-major)
+  d |= uint64_t((8 * kW) >> 4) << 32;         // stride byte offset: 8 rows
+  d |= uint64_t(kW == 128 ? 1 : 2) << 62;     // 128B / 64B swizzle
+  return d;
+}
+
+/// Start address of the k32 step kk of a K-major FP8 operand of `rows` rows (kW-byte atoms).
+template <int kW>
+__device__ __forceinline__ uint32_t k32_addr(uint32_t base, int rows, int kk) {
+  return base + uint32_t((kk * 32 / kW) * rows * kW + (kk * 32) % kW);
+}
+
+// ---- E4M3 re-rounding ----
+
+/// f16 bits of 2^-k (k >= 0): exact down to the f16 subnormal 2^-24, 0 below (2^-25 ties to 0).
+__device__ __forceinline__ uint32_t f16_pow2_neg(int k) {
+  const float f = __int_as_float((127 - min(k, 126)) << 23);
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+/// The f16 factor of a scale byte s against the reference exponent ref (s <= ref unless NaN):
+/// 2^(s - ref); NaN for s = 255.
+__device__ __forceinline__ uint32_t f16_factor(int s, int ref) {
+  return s == 255 ? 0x7E00u : f16_pow2_neg(ref - s);
+}
+
+/// Two E4M3 codes (the 16-bit half `hi` of w) -> f16x2, exact (NaN codes -> NaN).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w, int hi) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(hi ? (w >> 16) : (w & 0xFFFFu)), __NV_E4M3);
+  return uint32_t(r.x) | (uint32_t(r.y) << 16);
+}
+
+/// f16x2 -> two E4M3 codes (nearest even, satfinite; NaN -> NaN), low half in the low byte.
+__device__ __forceinline__ uint32_t f16x2_to_e4m3x2(uint32_t h) {
+  __half2_raw r;
+  r.x = uint16_t(h & 0xFFFFu);
+  r.y = uint16_t(h >> 16);
+  return uint32_t(__nv_cvt_halfraw2_to_fp8x2(r, __NV_SATFINITE, __NV_E4M3));
+}
+
+/// f16x2 product (nearest even; f16 keeps subnormals).
+__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
+  const __half2 p = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+/// Four E4M3 codes times the f16x2 factor f (both halves), re-rounded to E4M3.
+__device__ __forceinline__ uint32_t rescale_e4m3x4(uint32_t w, uint32_t f) {
+  const uint32_t lo = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(w, 0), f));
+  const uint32_t hi = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(w, 1), f));
+  return lo | (hi << 16);
+}
+
+// ---- V transpose ----
+//
+// PV runs with P from registers (the A operand) and V'^T in shared memory, K-major: one row per
+// channel, kBlockN token bytes per row. The accumulator of S gives thread t (t = lane % 4) the
+// keys {2t, 2t+1, 8+2t, 9+2t} (+16 for the second half) of each 32-key chunk, while the E4M3 A
+// fragment of a k32 wgmma holds k = {4t .. 4t+3} (+16): so logical k of V'^T holds token
+//   key(k) = (k & ~15) | ((k >> 2) & 3) * 2 | (k & 1) | ((k >> 1) & 1) * 8
+// and P feeds the PV wgmma from the S registers without a shuffle. A transpose unit of the
+// producer is 8 logical k (one 8-byte half of a 16-byte chunk: kc = k / 8) by kVC channels.
+
+/// Token (within the tile) of slot e (0..7) of the 8-logical-k unit kc.
+__device__ __forceinline__ int unit_token(int kc, int e) {
+  const int w = 2 * (kc & 1) + (e >> 2), ee = e & 3;
+  return (kc >> 1) * 16 + 2 * w + (ee & 1) + 8 * (ee >> 1);
+}
+
+/// One 4-channel group q of a transpose unit: raw[e][q] = word q (channels 4q .. 4q+3 of the
+/// unit) of slot e's token; fp[E] = f16x2 factors of slots 2E (low half) and 2E+1 (high half).
+/// Returns out[i][w'] = the E4M3 bytes of channel 4q + i for slots 4w' .. 4w'+3 (slot 4w' in the
+/// low byte).
+template <int kWords>
+__device__ __forceinline__ void transpose_group(const uint32_t (&raw)[8][kWords], int q, const uint32_t (&fp)[4],
+                                                uint32_t (&out)[4][2]) {
+  uint32_t y[4][4];  // y[channel 4q + i][E]: E4M3 bytes of slots 2E, 2E+1 (16 bits)
+#pragma unroll
+  for (int E = 0; E < 4; ++E) {
+    // bytes: [ch 0: slot 2E, 2E+1 | ch 1: 2E, 2E+1] and [ch 2 | ch 3]
+    const uint32_t x01 = __byte_perm(raw[2 * E][q], raw[2 * E + 1][q], 0x5140);
+    const uint32_t x23 = __byte_perm(raw[2 * E][q], raw[2 * E + 1][q], 0x7362);
+    y[0][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x01, 0), fp[E]));
+    y[1][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x01, 1), fp[E]));
+    y[2][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x23, 0), fp[E]));
+    y[3][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x23, 1), fp[E]));
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[i][0] = y[i][0] | (y[i][1] << 16);
+    out[i][1] = y[i][2] | (y[i][3] << 16);
+  }
+}
+
+// ---- P ----
+
+/// Two floats -> two E4M3 codes (nearest even, satfinite), a in the low byte.
+__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float a, float b) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+}
+
+}  // namespace lowbit::cuda::attention::fp8
