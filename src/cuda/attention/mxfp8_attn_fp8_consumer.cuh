@@ -218,17 +218,16 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     l0 = l0 * alpha0 + ps0;
     l1 = l1 * alpha1 + ps1;
   };
-  // P as E4M3 A fragments (layout ALayout_64x32 of 8-bit wgmma): k32 chunk kc holds n8 blocks
-  // 4kc .. 4kc+3 of the accumulator; register 0 = row r0, keys {2t, 2t+1, 8+2t, 9+2t} of the
-  // chunk, register 1 = row r1, registers 2, 3 = the same for keys + 16 (V'^T's token order).
+  // P as E4M3 A fragments, one per k32 chunk (p_frag_src: the accumulator entries in the order
+  // of the 8-bit A layout; V'^T holds the keys in the matching order).
   auto pack_p = [&](const float (&sacc)[kS]) {
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 32; ++kc) {
       const float* d = sacc + 16 * kc;
-      pa[kc][0] = f32x2_to_e4m3x2(d[0], d[1]) | (f32x2_to_e4m3x2(d[4], d[5]) << 16);
-      pa[kc][1] = f32x2_to_e4m3x2(d[2], d[3]) | (f32x2_to_e4m3x2(d[6], d[7]) << 16);
-      pa[kc][2] = f32x2_to_e4m3x2(d[8], d[9]) | (f32x2_to_e4m3x2(d[12], d[13]) << 16);
-      pa[kc][3] = f32x2_to_e4m3x2(d[10], d[11]) | (f32x2_to_e4m3x2(d[14], d[15]) << 16);
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        pa[kc][r] = f32x2_to_e4m3x2(d[p_frag_src(r, 0)], d[p_frag_src(r, 1)]) |
+                    (f32x2_to_e4m3x2(d[p_frag_src(r, 2)], d[p_frag_src(r, 3)]) << 16);
     }
   };
   auto rescale_o = [&](float alpha0, float alpha1) {

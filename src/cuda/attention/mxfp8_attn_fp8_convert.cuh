@@ -8,13 +8,16 @@
 //   resolve: a result >= 2^-10 keeps its 4 significant bits above 2^-24; a smaller one rounds to
 //   at most 2^-10, which E4M3 rounds to 0 like the exact value) -> E4M3 (satfinite: never
 //   reached, |x 2^-k| <= 448). NaN codes and a NaN scale (f = NaN) give NaN codes.
-// All conversions are the cuda_fp8.h / cuda_fp16.h intrinsics (cvt.*.e4m3x2 on sm_89+).
+// All conversions are the cuda_fp8.h / cuda_fp16.h intrinsics (cvt.*.e4m3x2 on sm_89+). The
+// element and index helpers are host-callable too (their host forms are the same arithmetic),
+// for tests/cpp/attn_fp8_layout.cu.
 #pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace lowbit::cuda::attention::fp8 {
 
@@ -26,7 +29,7 @@ namespace lowbit::cuda::attention::fp8 {
 /// apart. This is the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B / _64B and boxes of kW
 /// bytes, and the one the wgmma descriptors below describe.
 template <int kW>
-__device__ __forceinline__ uint32_t sw_offset(int rows, int r, int col) {
+__host__ __device__ __forceinline__ uint32_t sw_offset(int rows, int r, int col) {
   static_assert(kW == 128 || kW == 64, "swizzle atom of 64 or 128 bytes");
   const int atom = col / kW, within = col % kW, chunk = within >> 4;
   const int sw = kW == 128 ? (r & 7) : ((r >> 1) & 3);
@@ -47,32 +50,50 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr) {
 
 /// Start address of the k32 step kk of a K-major FP8 operand of `rows` rows (kW-byte atoms).
 template <int kW>
-__device__ __forceinline__ uint32_t k32_addr(uint32_t base, int rows, int kk) {
+__host__ __device__ __forceinline__ uint32_t k32_addr(uint32_t base, int rows, int kk) {
   return base + uint32_t((kk * 32 / kW) * rows * kW + (kk * 32) % kW);
 }
 
 // ---- E4M3 re-rounding ----
 
+/// __byte_perm (PRMT) on the device, its definition on the host.
+__host__ __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t x = (uint64_t(b) << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t((x >> (8 * ((sel >> (4 * i)) & 7))) & 0xFFu) << (8 * i);
+  return r;
+#endif
+}
+
 /// f16 bits of 2^-k (k >= 0): exact down to the f16 subnormal 2^-24, 0 below (2^-25 ties to 0).
-__device__ __forceinline__ uint32_t f16_pow2_neg(int k) {
-  const float f = __int_as_float((127 - min(k, 126)) << 23);
+__host__ __device__ __forceinline__ uint32_t f16_pow2_neg(int k) {
+  const int bits = (127 - (k < 126 ? k : 126)) << 23;
+#ifdef __CUDA_ARCH__
+  const float f = __int_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, 4);
+#endif
   return __half_as_ushort(__float2half_rn(f));
 }
 
 /// The f16 factor of a scale byte s against the reference exponent ref (s <= ref unless NaN):
 /// 2^(s - ref); NaN for s = 255.
-__device__ __forceinline__ uint32_t f16_factor(int s, int ref) {
+__host__ __device__ __forceinline__ uint32_t f16_factor(int s, int ref) {
   return s == 255 ? 0x7E00u : f16_pow2_neg(ref - s);
 }
 
 /// Two E4M3 codes (the 16-bit half `hi` of w) -> f16x2, exact (NaN codes -> NaN).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w, int hi) {
+__host__ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w, int hi) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(hi ? (w >> 16) : (w & 0xFFFFu)), __NV_E4M3);
   return uint32_t(r.x) | (uint32_t(r.y) << 16);
 }
 
 /// f16x2 -> two E4M3 codes (nearest even, satfinite; NaN -> NaN), low half in the low byte.
-__device__ __forceinline__ uint32_t f16x2_to_e4m3x2(uint32_t h) {
+__host__ __device__ __forceinline__ uint32_t f16x2_to_e4m3x2(uint32_t h) {
   __half2_raw r;
   r.x = uint16_t(h & 0xFFFFu);
   r.y = uint16_t(h >> 16);
@@ -80,13 +101,18 @@ __device__ __forceinline__ uint32_t f16x2_to_e4m3x2(uint32_t h) {
 }
 
 /// f16x2 product (nearest even; f16 keeps subnormals).
-__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
-  const __half2 p = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&p);
+__host__ __device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
+  __half2 ha, hb;
+  std::memcpy(&ha, &a, 4);
+  std::memcpy(&hb, &b, 4);
+  const __half2 p = __hmul2(ha, hb);
+  uint32_t r;
+  std::memcpy(&r, &p, 4);
+  return r;
 }
 
 /// Four E4M3 codes times the f16x2 factor f (both halves), re-rounded to E4M3.
-__device__ __forceinline__ uint32_t rescale_e4m3x4(uint32_t w, uint32_t f) {
+__host__ __device__ __forceinline__ uint32_t rescale_e4m3x4(uint32_t w, uint32_t f) {
   const uint32_t lo = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(w, 0), f));
   const uint32_t hi = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(w, 1), f));
   return lo | (hi << 16);
@@ -102,8 +128,13 @@ __device__ __forceinline__ uint32_t rescale_e4m3x4(uint32_t w, uint32_t f) {
 // and P feeds the PV wgmma from the S registers without a shuffle. A transpose unit of the
 // producer is 8 logical k (one 8-byte half of a 16-byte chunk: kc = k / 8) by kVC channels.
 
-/// Token (within the tile) of slot e (0..7) of the 8-logical-k unit kc.
-__device__ __forceinline__ int unit_token(int kc, int e) {
+/// Token of logical k of V'^T within a key tile (the order above).
+__host__ __device__ constexpr int v_key_of_k(int k) {
+  return (k & ~15) | (((k >> 2) & 3) * 2) | (k & 1) | (((k >> 1) & 1) * 8);
+}
+
+/// Token (within the tile) of slot e (0..7) of the 8-logical-k unit kc: v_key_of_k(8 kc + e).
+__host__ __device__ __forceinline__ int unit_token(int kc, int e) {
   const int w = 2 * (kc & 1) + (e >> 2), ee = e & 3;
   return (kc >> 1) * 16 + 2 * w + (ee & 1) + 8 * (ee >> 1);
 }
@@ -113,14 +144,14 @@ __device__ __forceinline__ int unit_token(int kc, int e) {
 /// Returns out[i][w'] = the E4M3 bytes of channel 4q + i for slots 4w' .. 4w'+3 (slot 4w' in the
 /// low byte).
 template <int kWords>
-__device__ __forceinline__ void transpose_group(const uint32_t (&raw)[8][kWords], int q, const uint32_t (&fp)[4],
+__host__ __device__ __forceinline__ void transpose_group(const uint32_t (&raw)[8][kWords], int q, const uint32_t (&fp)[4],
                                                 uint32_t (&out)[4][2]) {
   uint32_t y[4][4];  // y[channel 4q + i][E]: E4M3 bytes of slots 2E, 2E+1 (16 bits)
 #pragma unroll
   for (int E = 0; E < 4; ++E) {
     // bytes: [ch 0: slot 2E, 2E+1 | ch 1: 2E, 2E+1] and [ch 2 | ch 3]
-    const uint32_t x01 = __byte_perm(raw[2 * E][q], raw[2 * E + 1][q], 0x5140);
-    const uint32_t x23 = __byte_perm(raw[2 * E][q], raw[2 * E + 1][q], 0x7362);
+    const uint32_t x01 = byte_perm(raw[2 * E][q], raw[2 * E + 1][q], 0x5140);
+    const uint32_t x23 = byte_perm(raw[2 * E][q], raw[2 * E + 1][q], 0x7362);
     y[0][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x01, 0), fp[E]));
     y[1][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x01, 1), fp[E]));
     y[2][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x23, 0), fp[E]));
@@ -135,8 +166,16 @@ __device__ __forceinline__ void transpose_group(const uint32_t (&raw)[8][kWords]
 
 // ---- P ----
 
+/// The S accumulator (index within a 32-key chunk's 16 values: n8 blocks 4kc .. 4kc+3, entries
+/// 4 j + {0, 1} row r0, 4 j + {2, 3} row r1) that byte `byte` of P fragment register `r` holds
+/// (ALayout_64x32 of 8-bit wgmma: registers 0 / 1 rows r0 / r1 at k 4t .. 4t+3, registers 2 / 3
+/// the same at k 16 + 4t ..; logical k holds key v_key_of_k(k)).
+__host__ __device__ constexpr int p_frag_src(int r, int byte) {
+  return (r >> 1) * 8 + (r & 1) * 2 + (byte >> 1) * 4 + (byte & 1);
+}
+
 /// Two floats -> two E4M3 codes (nearest even, satfinite), a in the low byte.
-__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float a, float b) {
+__host__ __device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float a, float b) {
   return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
 }
 

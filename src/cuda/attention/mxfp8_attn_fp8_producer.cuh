@@ -89,7 +89,7 @@ struct VUnit {
   uint32_t rd_base[4];  ///< raw V: slot e reads rd_base[rd_sel(e)] + rd_step(e)
   uint32_t wr_base;     ///< V'^T: channel j of the unit is written at wr_base + wr_off(j) ^ ...
   int wr_x;             ///< (kc / 2), XORed with the compile-time swizzle of row j
-  __device__ explicit VUnit(int tid) {
+  __host__ __device__ explicit VUnit(int tid) {
     constexpr int kNKC = T::kBlockN / 8, kNCG = T::kD / T::kVC, kW = T::kWQK;
     static_assert(128 / kNKC == kNCG, "units of a thread block cover every (kc, cg) once");
     const int lane = tid % 32, warp = tid / 32;
@@ -110,9 +110,9 @@ struct VUnit {
   /// Slot e: token offset from base_tok and the low swizzle bits it adds.
   static constexpr int off(int e) { return 2 * (e >> 2) + (e & 1) + 8 * ((e >> 1) & 1); }
   static constexpr int rd_sel(int e) { return T::kWQK == 128 ? (off(e) & 7) : ((off(e) >> 1) & 3); }
-  __device__ uint32_t rd(int e) const { return rd_base[rd_sel(e)] + uint32_t(off(e) * T::kWQK); }
+  __host__ __device__ uint32_t rd(int e) const { return rd_base[rd_sel(e)] + uint32_t(off(e) * T::kWQK); }
   /// V'^T row cg * kVC + j (j < kVC), byte 8 kc: rows are kWV-byte swizzle atoms.
-  __device__ uint32_t wr(int j) const {
+  __host__ __device__ uint32_t wr(int j) const {
     constexpr int kW = T::kWV;
     const int sw = kW == 128 ? (j & 7) : ((j >> 1) & 3);  // cg * kVC is a multiple of 8
     return wr_base + uint32_t(j * kW) + uint32_t((wr_x ^ sw) << 4);
