@@ -85,7 +85,9 @@ __device__ void load_q(const AttnParams& p, const SeqBounds& s, int b, int h, in
       if (sc != 255) r = max(r, sc + sm.misc()[kMiscAk + i]);
     }
     if (r < 0) r = 254;
-    if (half == 0) sm.rf()[wgc * 64 + rr] = ldexpf(p.scale_log2, r - 254);
+    // NOTE: at least FLT_MIN, so that a masked score (-inf) times rf stays -inf (its P 0) without a
+    // per-score test; a row whose factor is below it has scores of at most 2^-100 (P uniform).
+    if (half == 0) sm.rf()[wgc * 64 + rr] = fmaxf(ldexpf(p.scale_log2, r - 254), FLT_MIN);
     const uint8_t* qp = p.q + b * p.q_stride[0] + srow * p.q_stride[1] + h * p.q_stride[2] + half * kHalf;
 #pragma unroll
     for (int j = 0; j < kHalf / 16; ++j) {
@@ -133,28 +135,31 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
 #pragma unroll
   for (int i = 0; i < kO; ++i) o[i] = 0.f;
   float mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const uint32_t q_addr = cute::cast_smem_ptr_to_uint(sm.q(wgc));
+  // wgmma descriptors of step 0; the k32 steps add their offsets (k32_desc)
+  const uint64_t q_desc = smem_desc<T::kWQK>(cute::cast_smem_ptr_to_uint(sm.q(wgc)));
+  const uint64_t k_desc0 = smem_desc<T::kWQK>(cute::cast_smem_ptr_to_uint(sm.k(0)));
+  const uint64_t v_desc0 = smem_desc<T::kWV>(cute::cast_smem_ptr_to_uint(sm.v(0)));
+  static_assert(T::kKBytes % 16 == 0 && T::kVBytes % 16 == 0, "stage strides in descriptor units");
 
   auto issue_qk = [&](float (&sacc)[kS], int st) {
-    const uint32_t k_addr = cute::cast_smem_ptr_to_uint(sm.k(st));
+    const uint64_t k_desc = k_desc0 + uint64_t(st * (T::kKBytes >> 4));
     fence_acc(sacc);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < kD / 32; ++kk) {
-      const uint64_t da = smem_desc<T::kWQK>(k32_addr<T::kWQK>(q_addr, 64, kk));
-      const uint64_t db = smem_desc<T::kWQK>(k32_addr<T::kWQK>(k_addr, kBlockN, kk));
-      qk_mma<kBlockN>(da, db, sacc, kk > 0, std::make_index_sequence<kS>{});
+      qk_mma<kBlockN>(k32_desc<T::kWQK>(q_desc, 64, kk), k32_desc<T::kWQK>(k_desc, kBlockN, kk), sacc, kk > 0,
+                      std::make_index_sequence<kS>{});
     }
     cute::warpgroup_commit_batch();
   };
   uint32_t pa[kBlockN / 32][4];  // P as E4M3 A fragments, one k32 chunk each
   auto issue_pv = [&](int st) {
-    const uint32_t v_addr = cute::cast_smem_ptr_to_uint(sm.v(st));
+    const uint64_t v_desc = v_desc0 + uint64_t(st * (T::kVBytes >> 4));
     fence_acc(o);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 32; ++kc) {
-      pv_mma<kD>(pa[kc], smem_desc<T::kWV>(k32_addr<T::kWV>(v_addr, kD, kc)), o, std::make_index_sequence<kO>{});
+      pv_mma<kD>(pa[kc], k32_desc<T::kWV>(v_desc, kD, kc), o, std::make_index_sequence<kO>{});
     }
     cute::warpgroup_commit_batch();
   };
@@ -203,12 +208,9 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     for (int j = 0; j < kS / 4; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float p0 = fast_exp2(fmaf(sacc[4 * j + e], rf0, -mb0));
-        float p1 = fast_exp2(fmaf(sacc[4 * j + 2 + e], rf1, -mb1));
-        if (masked_tile) {
-          if (sacc[4 * j + e] == -INFINITY) p0 = 0.f;
-          if (sacc[4 * j + 2 + e] == -INFINITY) p1 = 0.f;
-        }
+        // masked scores: -inf * rf - mb = -inf, 2^-inf = 0 (rf >= FLT_MIN, load_q)
+        const float p0 = fast_exp2(fmaf(sacc[4 * j + e], rf0, -mb0));
+        const float p1 = fast_exp2(fmaf(sacc[4 * j + 2 + e], rf1, -mb1));
         sacc[4 * j + e] = p0;
         sacc[4 * j + 2 + e] = p1;
         ps0 += p0;
@@ -226,8 +228,7 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
       const float* d = sacc + 16 * kc;
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        pa[kc][r] = f32x2_to_e4m3x2(d[p_frag_src(r, 0)], d[p_frag_src(r, 1)]) |
-                    (f32x2_to_e4m3x2(d[p_frag_src(r, 2)], d[p_frag_src(r, 3)]) << 16);
+        pa[kc][r] = f32x4_to_e4m3(d[p_frag_src(r, 0)], d[p_frag_src(r, 1)], d[p_frag_src(r, 2)], d[p_frag_src(r, 3)]);
     }
   };
   auto rescale_o = [&](float alpha0, float alpha1) {

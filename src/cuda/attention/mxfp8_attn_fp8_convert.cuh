@@ -19,6 +19,10 @@
 #include <cstdint>
 #include <cstring>
 
+#ifdef __CUDACC__
+#include "cuda/common/fp8_cvt.cuh"
+#endif
+
 namespace lowbit::cuda::attention::fp8 {
 
 // ---- shared-memory layouts ----
@@ -48,10 +52,17 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr) {
   return d;
 }
 
-/// Start address of the k32 step kk of a K-major FP8 operand of `rows` rows (kW-byte atoms).
+/// Byte offset of the k32 step kk of a K-major FP8 operand of `rows` rows (kW-byte atoms).
 template <int kW>
-__host__ __device__ __forceinline__ uint32_t k32_addr(uint32_t base, int rows, int kk) {
-  return base + uint32_t((kk * 32 / kW) * rows * kW + (kk * 32) % kW);
+__host__ __device__ constexpr uint32_t k32_off(int rows, int kk) {
+  return uint32_t((kk * 32 / kW) * rows * kW + (kk * 32) % kW);
+}
+
+/// The descriptor of the k32 step kk from the step-0 descriptor d: the start address field (bits
+/// 0..13, address / 16) moved by the step's offset (shared memory < 256 KiB: no carry out of it).
+template <int kW>
+__device__ __forceinline__ uint64_t k32_desc(uint64_t d, int rows, int kk) {
+  return d + (k32_off<kW>(rows, kk) >> 4);
 }
 
 // ---- E4M3 re-rounding ----
@@ -86,18 +97,31 @@ __host__ __device__ __forceinline__ uint32_t f16_factor(int s, int ref) {
   return s == 255 ? 0x7E00u : f16_pow2_neg(ref - s);
 }
 
-/// Two E4M3 codes (the 16-bit half `hi` of w) -> f16x2, exact (NaN codes -> NaN).
-__host__ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w, int hi) {
-  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(hi ? (w >> 16) : (w & 0xFFFFu)), __NV_E4M3);
-  return uint32_t(r.x) | (uint32_t(r.y) << 16);
+/// Four E4M3 codes -> two f16x2 (bytes 0, 1 -> lo, 2, 3 -> hi), exact (NaN codes -> NaN).
+__host__ __device__ __forceinline__ void e4m3x4_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#ifdef __CUDA_ARCH__
+  e4m3x4_to_f16x2x2(w, lo, hi);
+#else
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w & 0xFFFFu), __NV_E4M3);
+  const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> 16), __NV_E4M3);
+  lo = uint32_t(a.x) | (uint32_t(a.y) << 16);
+  hi = uint32_t(b.x) | (uint32_t(b.y) << 16);
+#endif
 }
 
-/// f16x2 -> two E4M3 codes (nearest even, satfinite; NaN -> NaN), low half in the low byte.
-__host__ __device__ __forceinline__ uint32_t f16x2_to_e4m3x2(uint32_t h) {
-  __half2_raw r;
-  r.x = uint16_t(h & 0xFFFFu);
-  r.y = uint16_t(h >> 16);
-  return uint32_t(__nv_cvt_halfraw2_to_fp8x2(r, __NV_SATFINITE, __NV_E4M3));
+/// Two f16x2 -> four E4M3 codes (nearest even, satfinite; NaN -> NaN), lo's halves in bytes 0, 1.
+__host__ __device__ __forceinline__ uint32_t f16_to_e4m3x4(uint32_t lo, uint32_t hi) {
+#ifdef __CUDA_ARCH__
+  return f16x2x2_to_e4m3x4(lo, hi);
+#else
+  __half2_raw a, b;
+  a.x = uint16_t(lo & 0xFFFFu);
+  a.y = uint16_t(lo >> 16);
+  b.x = uint16_t(hi & 0xFFFFu);
+  b.y = uint16_t(hi >> 16);
+  return uint32_t(__nv_cvt_halfraw2_to_fp8x2(a, __NV_SATFINITE, __NV_E4M3)) |
+         (uint32_t(__nv_cvt_halfraw2_to_fp8x2(b, __NV_SATFINITE, __NV_E4M3)) << 16);
+#endif
 }
 
 /// f16x2 product (nearest even; f16 keeps subnormals).
@@ -113,9 +137,9 @@ __host__ __device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
 
 /// Four E4M3 codes times the f16x2 factor f (both halves), re-rounded to E4M3.
 __host__ __device__ __forceinline__ uint32_t rescale_e4m3x4(uint32_t w, uint32_t f) {
-  const uint32_t lo = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(w, 0), f));
-  const uint32_t hi = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(w, 1), f));
-  return lo | (hi << 16);
+  uint32_t lo, hi;
+  e4m3x4_to_f16(w, lo, hi);
+  return f16_to_e4m3x4(f16x2_mul(lo, f), f16x2_mul(hi, f));
 }
 
 // ---- V transpose ----
@@ -146,21 +170,21 @@ __host__ __device__ __forceinline__ int unit_token(int kc, int e) {
 template <int kWords>
 __host__ __device__ __forceinline__ void transpose_group(const uint32_t (&raw)[8][kWords], int q, const uint32_t (&fp)[4],
                                                 uint32_t (&out)[4][2]) {
-  uint32_t y[4][4];  // y[channel 4q + i][E]: E4M3 bytes of slots 2E, 2E+1 (16 bits)
+  uint32_t y[4][4];  // y[channel 4q + i][E]: f16x2 of slots 2E (low half), 2E + 1 (high half), scaled
 #pragma unroll
   for (int E = 0; E < 4; ++E) {
     // bytes: [ch 0: slot 2E, 2E+1 | ch 1: 2E, 2E+1] and [ch 2 | ch 3]
     const uint32_t x01 = byte_perm(raw[2 * E][q], raw[2 * E + 1][q], 0x5140);
     const uint32_t x23 = byte_perm(raw[2 * E][q], raw[2 * E + 1][q], 0x7362);
-    y[0][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x01, 0), fp[E]));
-    y[1][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x01, 1), fp[E]));
-    y[2][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x23, 0), fp[E]));
-    y[3][E] = f16x2_to_e4m3x2(f16x2_mul(e4m3x2_to_f16x2(x23, 1), fp[E]));
+    e4m3x4_to_f16(x01, y[0][E], y[1][E]);
+    e4m3x4_to_f16(x23, y[2][E], y[3][E]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) y[i][E] = f16x2_mul(y[i][E], fp[E]);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    out[i][0] = y[i][0] | (y[i][1] << 16);
-    out[i][1] = y[i][2] | (y[i][3] << 16);
+    out[i][0] = f16_to_e4m3x4(y[i][0], y[i][1]);
+    out[i][1] = f16_to_e4m3x4(y[i][2], y[i][3]);
   }
 }
 
@@ -174,9 +198,14 @@ __host__ __device__ constexpr int p_frag_src(int r, int byte) {
   return (r >> 1) * 8 + (r & 1) * 2 + (byte >> 1) * 4 + (byte & 1);
 }
 
-/// Two floats -> two E4M3 codes (nearest even, satfinite), a in the low byte.
-__host__ __device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float a, float b) {
-  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+/// Four floats -> four E4M3 codes (nearest even, satfinite), a in byte 0 .. d in byte 3.
+__host__ __device__ __forceinline__ uint32_t f32x4_to_e4m3(float a, float b, float c, float d) {
+#ifdef __CUDA_ARCH__
+  return f32x4_to_e4m3x4(a, b, c, d);
+#else
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3)) |
+         (uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3)) << 16);
+#endif
 }
 
 }  // namespace lowbit::cuda::attention::fp8

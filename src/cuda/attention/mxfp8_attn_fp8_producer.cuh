@@ -6,7 +6,7 @@
 //   V'^T[c, k] = e4m3(v code[key(k), c] * 2^(v_scale[key(k), b] - Av[b]))  transposed, K-major
 // (b = c / 32; key(k): the token order of mxfp8_attn_fp8_convert.cuh). Exact wherever a token's
 // block scale equals the head's; otherwise one rounding of the codes pushed below E4M3's normal
-// range. Keys past the sequence are written as zeros.
+// range. Keys past the sequence: zeros in V'^T, anything in K' (their scores are masked).
 #pragma once
 
 #include <cute/arch/copy_sm90_desc.hpp>
@@ -193,6 +193,16 @@ __device__ void produce_row_block(const AttnParams& p, const SeqBounds& s, int b
     const uint32_t ph = (gt / T::kStages) & 1;
     const bool partial = (t + 1) * kBlockN > s.len_k;  // the last tile of a sequence, keys past its end
     cutlass::arch::ClusterTransactionBarrier::wait(sm.raw_full(st), ph);
+    if (partial) {
+      // Keys past the sequence (in a varlen batch: the next sequence's, maybe NaN): their raw V rows
+      // become zeros before the transpose reads them (their P is 0, but 0 x NaN is not). K' needs
+      // nothing: the consumers set their scores to -inf.
+      const int valid = s.len_k - t * kBlockN;
+      for (int c = tid; c < (kBlockN - valid) * kChunksPerRow; c += 128)
+        *reinterpret_cast<uint4*>(sm.raw_v(st) + sw_offset<T::kWQK>(kBlockN, valid + c / kChunksPerRow,
+                                                                    (c % kChunksPerRow) * 16)) = make_uint4(0, 0, 0, 0);
+      cutlass::arch::NamedBarrier::sync(128, kProducerBarrier);
+    }
     cutlass::arch::ClusterBarrier::wait(sm.k_empty(st), ph ^ 1);
     // K' in place of the layout TMA wrote (the chunk's swizzled offset is the same in both).
 #pragma unroll
@@ -205,7 +215,6 @@ __device__ void produce_row_block(const AttnParams& p, const SeqBounds& s, int b
       w.y = rescale_e4m3x4(w.y, f);
       w.z = rescale_e4m3x4(w.z, f);
       w.w = rescale_e4m3x4(w.w, f);
-      if (partial && t * kBlockN + tok >= s.len_k) w = make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(sm.k(st) + off) = w;
     }
     cutlass::arch::fence_view_async_shared();
@@ -216,7 +225,6 @@ __device__ void produce_row_block(const AttnParams& p, const SeqBounds& s, int b
     uint32_t raw[8][kVC / 4], fp[4];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const int tok = unit_token(vu.kc, e);
       const uint8_t* src = sm.raw_v(st) + vu.rd(e);
       if constexpr (kVC == 16) {
         const uint4 w = *reinterpret_cast<const uint4*>(src);
@@ -228,10 +236,6 @@ __device__ void produce_row_block(const AttnParams& p, const SeqBounds& s, int b
         const uint2 w = *reinterpret_cast<const uint2*>(src);
         raw[e][0] = w.x;
         raw[e][1] = w.y;
-      }
-      if (partial && t * kBlockN + tok >= s.len_k) {
-#pragma unroll
-        for (int q = 0; q < kVC / 4; ++q) raw[e][q] = 0;
       }
     }
 #pragma unroll
