@@ -7,9 +7,10 @@
 //   3. the E4M3 re-rounding chain (E4M3 -> f16 -> x 2^-k -> E4M3) against exact nearest-even
 //      rounding, for every code and shift, NaN codes and NaN scales;
 //   4. one key tile of the producer per head dimension: every K chunk and every V transpose unit
-//      as the kernel indexes them, the V'^T image checked element by element (token order, scale
-//      factors, keys past the sequence as zeros), and the shared-memory bank wavefronts of the
-//      transpose's reads and writes.
+//      as the kernel indexes them, the K' and V'^T images checked element by element (token order,
+//      scale factors; keys past the sequence: raw V rows zeroed as the kernel's last tile does, V'^T
+//      zeros there, K' unchecked there since their scores are masked), and the shared-memory bank
+//      wavefronts of the transpose's reads and writes.
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
@@ -124,6 +125,7 @@ static void check_producer_tile(std::mt19937& rng) {
   for (auto& x : v) x = uint8_t(byte(rng));
   for (auto& x : ks) x = sc(rng);
   for (auto& x : vs) x = sc(rng);
+  for (int c = 0; c < kD; ++c) v[(kN - 1) * kD + c] = 0x7F;  // NaN codes past the sequence
   ks[3 * T::kBlocks + 1] = 255;  // NaN scales
   vs[7 * T::kBlocks] = 255;
   for (int t = 0; t < len; ++t)
@@ -152,19 +154,21 @@ static void check_producer_tile(std::mt19937& rng) {
       for (int wd = 0; wd < 4; ++wd) {
         uint32_t w;
         std::memcpy(&w, &rawk[off + 4 * wd], 4);
-        w = tok < len ? fp8::rescale_e4m3x4(w, f) : 0u;
+        w = fp8::rescale_e4m3x4(w, f);
         std::memcpy(&kp[off + 4 * wd], &w, 4);
       }
     }
   for (int x : kseen) CHECK(x == 1, "d%d: a K chunk converted %d times\n", kD, x);
-  for (int t = 0; t < kN; ++t)
+  for (int t = 0; t < len; ++t)
     for (int c = 0; c < kD; ++c) {
       const double got = e4m3(kp[fp8::sw_offset<T::kWQK>(kN, t, c)]);
       const int s = ks[t * T::kBlocks + c / 32];
-      const double want = t >= len ? 0.0 : s == 255 ? NAN : round_e4m3(e4m3(k[t * kD + c]) * std::ldexp(1.0, s - ak[c / 32]));
+      const double want = s == 255 ? NAN : round_e4m3(e4m3(k[t * kD + c]) * std::ldexp(1.0, s - ak[c / 32]));
       CHECK(same(got, want), "d%d K'[%d, %d] = %g, want %g\n", kD, t, c, got, want);
     }
-  // V transpose units
+  // V transpose units; the last tile's raw V rows past the sequence are zeroed first
+  for (int t = len; t < kN; ++t)
+    for (int c = 0; c < kD; ++c) rawv[fp8::sw_offset<T::kWQK>(kN, t, c)] = 0;
   std::vector<int> vseen(kN * kD, 0);
   std::vector<std::vector<uint32_t>> rd(4 * 8), wr(4 * kVC);  // per (warp, access)
   for (int tid = 0; tid < 128; ++tid) {
@@ -177,8 +181,6 @@ static void check_producer_tile(std::mt19937& rng) {
       CHECK(vu.rd(e) == fp8::sw_offset<T::kWQK>(kN, tok, vu.cg * kVC), "d%d tid %d slot %d: read offset\n", kD, tid, e);
       rd[warp * 8 + e].push_back(vu.rd(e));
       std::memcpy(raw[e], &rawv[vu.rd(e)], kVC);
-      if (tok >= len)
-        for (int q = 0; q < kVC / 4; ++q) raw[e][q] = 0;
       for (int j = 0; j < kVC; ++j) ++vseen[tok * kD + vu.cg * kVC + j];
     }
     for (int E = 0; E < 4; ++E)
