@@ -9,6 +9,9 @@
 //     src/cuda/attention/sm90_mxfp8_attention.cu src/cuda/attention/sm90_mxfp8_attention_fp8.cu \
 //     src/cuda/common/device_info.cu -o attn_kernel
 //   ./attn_kernel            (checks, both paths)   ./attn_kernel bench   ./attn_kernel quick   ./attn_kernel fp8
+// Where the FP8 path's time goes: the same build with -DLOWBIT_ATTN_FP8_PROFILE=1 (consumers alone:
+// the producer skips its conversions) or =2 (producer alone: the consumers skip their products),
+// run with `quick` (timings only; outputs are meaningless in these builds).
 // The random cases move the scale bytes as the library's tests do (per 32-channel block +e on Q and
 // -e on K, +-2 per Q row, per block e' and +-2 per row on V; |e|, |e'| <= spread).
 #include <cuda_fp8.h>

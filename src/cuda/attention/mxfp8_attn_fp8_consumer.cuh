@@ -248,6 +248,17 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
   // producer as soon as S(t) is ready, V'(t-1) after its product. (No conditional wgmma inside the
   // loop: ptxas serializes wgmma groups it cannot match to their waits.)
   auto phase = [&](uint32_t gt) { return (gt / T::kStages) & 1; };
+  if constexpr (kProfile == 2) {  // dev builds: the stages' handshakes alone
+    for (int t = 0; t < n_tiles; ++t) {
+      const uint32_t gt = g + t;
+      const int st = gt % T::kStages;
+      cutlass::arch::ClusterBarrier::wait(sm.k_full(st), phase(gt));
+      release(sm.k_empty(st));
+      cutlass::arch::ClusterBarrier::wait(sm.v_full(st), phase(gt));
+      release(sm.v_empty(st));
+    }
+    return;
+  }
   int prev_st = 0;
   uint32_t prev_gt = g;
   if (n_tiles > 0) {

@@ -206,7 +206,7 @@ __device__ void produce_row_block(const AttnParams& p, const SeqBounds& s, int b
     cutlass::arch::ClusterBarrier::wait(sm.k_empty(st), ph ^ 1);
     // K' in place of the layout TMA wrote (the chunk's swizzled offset is the same in both).
 #pragma unroll
-    for (int i = 0; i < T::kKChunks; ++i) {
+    for (int i = 0; i < (kProfile == 1 ? 0 : T::kKChunks); ++i) {
       const int tok = (tid + 128 * i) / kChunksPerRow;
       const uint32_t off = sw_offset<T::kWQK>(kBlockN, tok, kc16 * 16);
       uint4 w = *reinterpret_cast<const uint4*>(sm.raw_k(st) + off);
@@ -244,7 +244,7 @@ __device__ void produce_row_block(const AttnParams& p, const SeqBounds& s, int b
               (uint32_t(*fs.at(buf, 1, unit_token(vu.kc, 2 * E + 1), vblk)) << 16);
     cutlass::arch::ClusterBarrier::wait(sm.v_empty(st), ph ^ 1);
 #pragma unroll
-    for (int q = 0; q < kVC / 4; ++q) {
+    for (int q = 0; q < (kProfile == 1 ? 0 : kVC / 4); ++q) {
       uint32_t out[4][2];
       transpose_group<kVC / 4>(raw, q, fp, out);
 #pragma unroll

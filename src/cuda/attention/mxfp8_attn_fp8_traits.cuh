@@ -6,7 +6,16 @@
 
 #include <cstdint>
 
+// Dev builds only (bench/dev/attn_mxfp8_kernel.cu): 1 = the producer skips its conversions
+// (consumers alone), 2 = the consumers skip their products and softmax (producer alone); the
+// barriers and loads stay. Outputs are then meaningless. Never set in the library.
+#ifndef LOWBIT_ATTN_FP8_PROFILE
+#define LOWBIT_ATTN_FP8_PROFILE 0
+#endif
+
 namespace lowbit::cuda::attention::fp8 {
+
+constexpr int kProfile = LOWBIT_ATTN_FP8_PROFILE;
 
 /// One CTA = one producer warpgroup (TMA loads of raw K / V, K re-rounded to its per-block head
 /// reference, V re-rounded and transposed to V'^T) + two consumer warpgroups of 64 query rows.
