@@ -13,9 +13,15 @@ Per (model, T, GEMM), in one process:
   moe_<gemm>_w4a16   the same on bf16 activations
   moe_<gemm>_w4a8_packed / _w4a16_packed   the same on weights prepared once by
                      lowbit.group_gemm_mxfp4_prepack (not timed; check: bits equal to the plain path)
+  moe_<gemm>_w4a8_fp8   the opt-in FP8 tensor-core path (precision="fp8") on the same MXFP8
+                     activations, weights from group_gemm_mxfp4_prepack(..., precision="fp8"); not
+                     bit-exact: check = its error against the exact W4A8 output (rel_l2, max |diff| / max |ref|)
   vs torch_grouped_mm_bf16   torch._grouped_mm on the bf16 dequantized weights (mat_b = the
                              [G, N, K] weights viewed [G, K, N], K-major; offs = m_indptr[1:])
   vs torch_loop_bf16         torch.mm per non-empty expert (bf16; host offsets computed before timing)
+  vs triton_kernels_mxfp4    OpenAI triton_kernels matmul_ogs (as vendored by vLLM: what it runs for
+                             gpt-oss on Hopper) on the same MXFP4 weights and bf16 rows in expert
+                             order, weights prepared as vLLM does (not timed); skipped where it does not import
 Per T of the MLP part (20b shapes unless --mlp-models says otherwise):
   moe_mlp_bf16 / moe_mlp_mxfp8   lowbit.gpt_oss_moe_mlp, act="bf16" / "mxfp8" (_packed: on prepacked weights)
   vs torch_eager_grouped_mm / torch_eager_loop   route (argsort of topk_ids) -> gather -> gate_up

@@ -116,7 +116,7 @@ def make_routing(T, E, seed, dev):
         starts.append(starts[-1] + c)
     return dict(ids=ids.to(torch.int32).contiguous(), weights=weights, order=order, tok=order // TOPK,
                 m_indptr=m_indptr, offs=m_indptr[1:].contiguous(), counts=counts_host, starts=starts,
-                active=sum(1 for c in counts_host if c > 0), cum_m=T * TOPK)
+                active=sum(1 for c in counts_host if c > 0), cum_m=T * TOPK, logits=logits)
 
 
 def quantize_acts(a, m_indptr):
@@ -143,6 +143,39 @@ def dequant_acts(qa, dev):
 def qdq_mxfp8(t):
     """t through MXFP8 E4M3 (RCEIL, row-major scales) and back to bf16 with lowbit."""
     return lowbit.dequantize(lowbit.quantize(t, "mxfp8_e4m3"), "bfloat16")
+
+
+def tk_weights(codes, scales):
+    """OpenAI triton_kernels' MXFP4 expert weights from lowbit's [G, N, K/2] codes and [G, N, K/32]
+    UE8M0 scales, as vLLM prepares them on Hopper (split_k pinned to 1 on sm_90, scale K groups
+    padded to a multiple of 4): (w, precision config). What vLLM runs for gpt-oss on Hopper (MXFP4
+    upcast to bf16 in the kernel, bf16 activations)."""
+    from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
+    from triton_kernels.numerics import InFlexData
+    from triton_kernels.tensor import FP4, convert_layout, wrap_torch_tensor
+    from triton_kernels.tensor_details import layout
+    import triton_kernels.matmul_ogs_details.opt_flags as opt_flags
+
+    if torch.cuda.get_device_capability(0) == (9, 0):
+        opt_flags.update_opt_flags_constraints({"split_k": 1})
+    scales = scales.view(torch.uint8)
+    pad = -scales.shape[-1] % 4
+    if pad:
+        scales = torch.nn.functional.pad(scales, (0, pad))
+    vl, vo = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
+    sl, so = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
+    w = convert_layout(wrap_torch_tensor(codes.transpose(-2, -1), dtype=FP4), vl, **vo)
+    s = convert_layout(wrap_torch_tensor(scales.transpose(-2, -1)), sl, **so)
+    return w, PrecisionConfig(weight_scale=s, flex_ctx=FlexCtx(rhs_data=InFlexData()))
+
+
+def err_vs(x, ref, rows: int = CHECK_ROWS) -> str:
+    """The FP8 path's error against the exact path's output: relative L2 and the largest
+    |difference| over the largest |ref| (first `rows` rows)."""
+    a, b = x[:rows].float(), ref[:rows].float()
+    m = b.abs().max().item()
+    mx = (a - b).abs().max().item() / m if m > 0 else float("nan")
+    return f"fp8~exact rel_l2={rel_l2(x, ref, rows):.1e} max={mx:.1e}"
 
 
 def loop_gemm(a, w16, starts, out):
@@ -182,6 +215,14 @@ class Bench:
         self.gmm = grouped_mm_op()
         self.scale_bytes = 0
         self.scale_outside = 0
+        self.tk, self.tk_routing, self.tk_why = None, None, ""
+        try:  # OpenAI triton_kernels (vendored by vLLM): the W4A16 anchor of the grouped GEMM rows
+            from triton_kernels.matmul_ogs import matmul_ogs
+            from triton_kernels.routing import routing
+
+            self.tk, self.tk_routing = matmul_ogs, routing
+        except Exception as ex:  # noqa: BLE001
+            self.tk_why = "triton_kernels does not import: " + _err(ex, 120)
 
     def over_budget(self) -> bool:
         b = self.args.budget_s
@@ -287,7 +328,8 @@ class Bench:
     def gemm_model(self, model, gemm, tokens):
         G = MODELS[model]
         N, K = GEMMS[gemm]
-        ops = [f"moe_{gemm}_w4a8", f"moe_{gemm}_w4a16", f"moe_{gemm}_w4a8_packed", f"moe_{gemm}_w4a16_packed"]
+        ops = [f"moe_{gemm}_w4a8", f"moe_{gemm}_w4a16", f"moe_{gemm}_w4a8_packed", f"moe_{gemm}_w4a16_packed",
+               f"moe_{gemm}_w4a8_fp8"]
         if self.over_budget():
             for T in tokens:
                 for op in ops:
@@ -302,11 +344,25 @@ class Bench:
         w16 = dequant_bf16(codes, scales)
         w16t = w16.transpose(-2, -1)  # [G, K, N], K-major: the mat_b layout of torch._grouped_mm
         packed = None  # group_gemm_mxfp4_prepack of the weights (load time: not timed)
+        packed8 = None  # the same for the FP8 tensor-core path (precision="fp8")
         if lowbit is not None:
             try:
                 packed = lowbit.group_gemm_mxfp4_prepack(codes, b_scale, b_scale_layout=self.args.b_scale_layout)
             except Exception as ex:  # noqa: BLE001
                 packed = _err(ex)
+            try:
+                packed8 = lowbit.group_gemm_mxfp4_prepack(codes, b_scale, b_scale_layout=self.args.b_scale_layout,
+                                                          precision="fp8")
+            except Exception as ex:  # noqa: BLE001
+                packed8 = _err(ex)
+        tk = None  # triton_kernels' weights (load time: not timed)
+        if self.tk is not None:
+            try:
+                tk = tk_weights(codes, scales)
+            except Exception as ex:  # noqa: BLE001
+                tk = "triton_kernels weights: " + _err(ex, 160)
+        else:
+            tk = self.tk_why
         # bytes of one expert's packed weights and scales (unpadded scale count: a lower bound)
         w_bytes = N * K // 2 + N * K // 32
         try:
@@ -317,17 +373,19 @@ class Bench:
                         self.skip(op, shape)
                     continue
                 try:
-                    self.gemm_shape(model, gemm, T, G, N, K, codes, b_scale, packed, w16, w16t, w_bytes, ops, shape)
+                    self.gemm_shape(model, gemm, T, G, N, K, codes, b_scale, packed, w16, w16t, w_bytes, ops, shape,
+                                    packed8, tk)
                 except Exception as ex:  # noqa: BLE001
                     self.report.add(Row(op=f"moe_{gemm}", shape=shape, anchor="-", error="bench: " + _err(ex)))
                     if self.args.verbose:
                         traceback.print_exc()
                 torch.cuda.empty_cache()
         finally:
-            del codes, scales, b_scale, w16, w16t, packed
+            del codes, scales, b_scale, w16, w16t, packed, packed8, tk
             torch.cuda.empty_cache()
 
-    def gemm_shape(self, model, gemm, T, G, N, K, codes, b_scale, packed, w16, w16t, w_bytes, ops, shape):
+    def gemm_shape(self, model, gemm, T, G, N, K, codes, b_scale, packed, w16, w16t, w_bytes, ops, shape,
+                   packed8=None, tk=None):
         dev = self.dev
         r = make_routing(T, G, seed=17 * T + G, dev=dev)
         cum_m, active = r["cum_m"], r["active"]
@@ -364,6 +422,17 @@ class Bench:
             anchors.append(("torch_grouped_mm_bf16", t_gmm, e_gmm, chk))
         anchors.append(("torch_loop_bf16", t_loop, e_loop, ""))
         ref = ref_loop if ref_loop is not None else ref_gmm
+        if isinstance(tk, tuple):  # triton_kernels matmul_ogs on the expert-sorted bf16 rows (its own order)
+            try:
+                w_tk, pc = tk
+                rdata, _, _ = self.tk_routing(r["logits"], TOPK, sm_first=False)
+                xs = a16  # timing needs [cum_m, K] rows in expert order; values do not change it
+                t_tk, e_tk, o_tk = self.run_anchor(lambda: self.tk(xs, w_tk, None, rdata, precision_config=pc), T)
+                anchors.append(("triton_kernels_mxfp4", t_tk, e_tk, ""))
+            except Exception as ex:  # noqa: BLE001
+                anchors.append(("triton_kernels_mxfp4", None, _err(ex, 200), ""))
+        elif tk:
+            anchors.append(("triton_kernels_mxfp4", None, f"skipped: {tk}", ""))
 
         out = torch.empty((cum_m, N), dtype=torch.bfloat16, device=dev)
         lay = self.args.b_scale_layout
@@ -373,7 +442,7 @@ class Bench:
         plain_out = {}
         for pk in (False, True):
             if pk and not isinstance(packed, tuple):
-                for op in ops[2:]:
+                for op in ops[2:4]:
                     self.report.add(Row(op=op, shape=shape, anchor="-", error="prepack: " + str(packed)))
                 break
             b_, s_ = packed if pk else (codes, b_scale)
@@ -423,6 +492,27 @@ class Bench:
                     chk = f"rel_l2={rel_l2(o, ref):.1e}" if ref is not None else ""
                 lb = (t, st, msg, chk)
             self.emit(ops[1] + sfx, shape, lb, anchors, flops, common + cum_m * K * 2, info)
+
+        # W4A8 on the FP8 tensor cores (precision="fp8", opt-in, not bit-exact): the check is its
+        # error against the exact W4A8 path's output on the same operands
+        if not isinstance(packed8, tuple):
+            self.report.add(Row(op=ops[4], shape=shape, anchor="-", error="prepack: " + str(packed8)))
+            return
+        lb = (None, "error", "lowbit not importable", "")
+        try:
+            qa, qs, _, _ = quantize_acts(a16, r["m_indptr"])
+            ind = r["m_indptr"]
+            pb8, ps8 = packed8
+            t, st, msg, o = self.run_lowbit(
+                lambda: lowbit.group_gemm_mxfp4_nt_groupwise(
+                    qa, pb8, qs, ps8, ind, "bfloat16", a_scale_layout="blocked128x4", group_pad="flashinfer",
+                    out=out, b_packed=True, precision="fp8"), T)
+            chk = err_vs(o, plain_out["a8"]) if (o is not None and "a8" in plain_out) else ""
+            lb = (t, st, msg, chk)
+            del qa, qs
+        except Exception as ex:  # noqa: BLE001
+            lb = (None, "na" if _not_implemented(ex) else "error", "fp8 path: " + _err(ex), "")
+        self.emit(ops[4], shape, lb, anchors, flops, common + cum_m * K + cum_m * K // 32, info)
 
     # -- the whole MLP --------------------------------------------------------------------------
     def mlp_model(self, model, tokens):

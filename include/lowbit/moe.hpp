@@ -10,6 +10,21 @@
 
 namespace lowbit {
 
+/// The arithmetic of the grouped MXFP4 GEMM (GroupGemmArgs::precision).
+enum class GemmPrecision : uint8_t {
+  /// The default: every operand decoded exactly (bf16 on the tensor cores), fp32 accumulation;
+  /// within one ulp of the output dtype of the fp64 reference (docs/design/moe_grouped_gemm.md).
+  kExact,
+  /// Opt-in, MXFP8 activations only: each K block of 32 is one FP8 wgmma (weights decoded to E4M3
+  /// with the row scale folded in, activations as stored), its partial sum scaled by the block's
+  /// two UE8M0 scales and added into fp32. Hopper's FP8 accumulation keeps fewer mantissa bits, so
+  /// results are not bit-exact: |out - ref| <= 1 ulp of out + (2^-7 + (K/32) 2^-24) sum_k |a_k b_k|
+  /// (docs/design/moe_grouped_gemm.md, "FP8 tensor-core path"). Weights in the FP8-path packed
+  /// layout (group_gemm_mxfp4_prepack_fp8, b_packed = true). CPU tensors compute the exact
+  /// reference (within that bound by definition).
+  kFp8TensorCores,
+};
+
 /// Grouped GEMM for MoE with MXFP4 expert weights (FlashInfer group_gemm_mxfp4_nt_groupwise
 /// conventions):  out[m, :] = A[m, :] @ B[g]^T  for every row m of group g. A is MXFP8 (E4M3 or
 /// E5M2 codes with a UE8M0 scale per 32 K-elements) or plain bf16 (W4A16); B is MXFP4 (E2M1
@@ -46,11 +61,20 @@ struct GroupGemmArgs {
   int64_t expected_m = 0;
   TensorView out;       ///< [cum_m, N] or (masked) [G, max_tokens, N]: bfloat16 / float16
   /// b / b_scale are the outputs of group_gemm_mxfp4_prepack (contiguous [G, Np, Kp/2] and
-  /// [G, Np, Kp/32], lowbit/mxfp4_pack.hpp); N is taken from out, b_scale_layout is not used.
+  /// [G, Np, Kp/32], lowbit/mxfp4_pack.hpp), or with precision kFp8TensorCores of
+  /// group_gemm_mxfp4_prepack_fp8 ([G, Np/128, Kq/128, 128, 64] and [G, Np/128, Kq/128, 128, 4]);
+  /// N is taken from out, b_scale_layout is not used.
   bool b_packed = false;
+  /// kExact (default) or the opt-in kFp8TensorCores (MXFP8 a, FP8-path packed b; GemmPrecision).
+  GemmPrecision precision = GemmPrecision::kExact;
 };
 
 /// Constraints: K a multiple of 32 (the MX block), N a multiple of 8; empty groups allowed.
+/// precision kFp8TensorCores: a MXFP8 (E4M3 or E5M2 codes with a_scale; bfloat16 a is refused,
+/// naming `precision`), b / b_scale from group_gemm_mxfp4_prepack_fp8 with b_packed (other weights
+/// are refused with NotSupportedError); on CUDA also a's base 16-byte aligned, its row stride a
+/// multiple of 16 bytes and fewer than 2^31 rows (the activation tiles are read by TMA:
+/// NotSupportedError otherwise). CPU tensors compute the exact reference for either precision.
 void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& args, Stream stream = {});
 
 /// Reorders MXFP4 expert weights once (at load time, as serving engines do) into the layout the
@@ -60,6 +84,15 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& args, Stream stream = {}
 /// Kp = K rounded up to 256. Lossless (mxfp4_packed_code inverts it); CPU and CUDA tensors.
 void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, const ScaleLayout& b_scale_layout,
                               const TensorView& packed_b, const TensorView& packed_scale, Stream stream = {});
+
+/// The weight prepack of the FP8 tensor-core path (GemmPrecision::kFp8TensorCores;
+/// lowbit/mxfp4_pack.hpp): b [G, N, K/2] and b_scale (G x N x K/32 in b_scale_layout) -> packed_b
+/// uint8 [G, Np/128, Kq/128, 128, 64] and packed_scale uint8 [G, Np/128, Kq/128, 128, 4],
+/// contiguous, Np = N rounded up to 128, Kq = K rounded up to 128: one 128-row x 128-K tile of
+/// codes and of scale bytes after the other, each thread's codes of a tile contiguous, bits placed
+/// for the E2M1 -> E4M3 decode. Lossless (mxfp4_fp8_code inverts it); CPU and CUDA tensors.
+void group_gemm_mxfp4_prepack_fp8(const TensorView& b, const TensorView& b_scale, const ScaleLayout& b_scale_layout,
+                                  const TensorView& packed_b, const TensorView& packed_scale, Stream stream = {});
 
 }  // namespace lowbit
 

@@ -249,9 +249,11 @@ def custom_kernel(data):
 
 
 MXFP4_PACK_ROWS, MXFP4_PACK_K = 128, 256  # lowbit/mxfp4_pack.hpp
+MXFP4_FP8_PACK_K = 128                     # the FP8 path's K tile (lowbit/mxfp4_pack.hpp)
+_PRECISIONS = {"exact": _C.GemmPrecision.exact, "fp8": _C.GemmPrecision.fp8}
 
 
-def group_gemm_mxfp4_prepack(b, b_scale, *, b_scale_layout: str = "blocked128x4"):
+def group_gemm_mxfp4_prepack(b, b_scale, *, b_scale_layout: str = "blocked128x4", precision: str = "exact"):
     """Reorders MXFP4 expert weights once (load time) into the layout the sm_90a grouped GEMM
     decodes with the fewest instructions (include/lowbit/mxfp4_pack.hpp). b [G, N, K/2] and
     b_scale (UE8M0, G x N x K/32, "blocked128x4" or "row_major") -> (packed_b uint8 [G, Np, Kp/2],
@@ -259,31 +261,44 @@ def group_gemm_mxfp4_prepack(b, b_scale, *, b_scale_layout: str = "blocked128x4"
     on b's device. b_scale of its stored shape ([G, N, K/32] / [G, Np, Cp], or 2-D when G == 1) in
     another memory order (e.g. Fortran-ordered) is copied to row-major order first (NumPy and
     torch alike), so it is read by index; b needs its K bytes contiguous. Pass them with ``b_packed=True`` to group_gemm_mxfp4_nt_groupwise (and
-    ``packed=True`` to gpt_oss_moe_mlp); lossless."""
+    ``packed=True`` to gpt_oss_moe_mlp); lossless.
+
+    ``precision="fp8"``: the layout of the opt-in FP8 tensor-core path instead
+    (group_gemm_mxfp4_nt_groupwise(..., precision="fp8")): packed_b uint8
+    [G, Np/128, Kq/128, 128, 64] and packed_scale uint8 [G, Np/128, Kq/128, 128, 4], Kq = K rounded
+    up to 128, one 128-row x 128-K tile after the other (C++: group_gemm_mxfp4_prepack_fp8);
+    lossless too. Each precision reads only its own layout."""
     op = "group_gemm_mxfp4_prepack"
     _required(b, op, "b")
     _required(b_scale, op, "b_scale")
+    fp8 = _choice(precision, _PRECISIONS, "precision", op) == _C.GemmPrecision.fp8
     b = _bytes(b, op, "b")
     if b.ndim != 3:
         raise ValueError(f"{op}: argument 'b': expected [groups, N, K/2], got shape {tuple(b.shape)}")
     G, N, K = (int(b.shape[0]), int(b.shape[1]), 2 * int(b.shape[2]))
     Np = -(-N // MXFP4_PACK_ROWS) * MXFP4_PACK_ROWS
-    Kp = -(-K // MXFP4_PACK_K) * MXFP4_PACK_K
     be = Backend(b, op, "b")
-    pb = be.empty((G, Np, Kp // 2), "uint8")
-    ps = be.empty((G, Np, Kp // 32), "uint8")
+    if fp8:
+        Kq = -(-K // MXFP4_FP8_PACK_K) * MXFP4_FP8_PACK_K
+        tiles = (G, Np // MXFP4_PACK_ROWS, Kq // MXFP4_FP8_PACK_K, MXFP4_PACK_ROWS)
+        pb = be.empty(tiles + (64,), "uint8")
+        ps = be.empty(tiles + (4,), "uint8")
+    else:
+        Kp = -(-K // MXFP4_PACK_K) * MXFP4_PACK_K
+        pb = be.empty((G, Np, Kp // 2), "uint8")
+        ps = be.empty((G, Np, Kp // 32), "uint8")
     kind = _choice(b_scale_layout, _KINDS, "b_scale_layout", op)
     shapes = _group_scale_shapes(G, N, K, kind == _KINDS["blocked128x4"])
+    prepack = _C.group_gemm_mxfp4_prepack_fp8 if fp8 else _C.group_gemm_mxfp4_prepack
     with be.guard():
-        _C.group_gemm_mxfp4_prepack(c_export(b), _cb(b_scale, op, "b_scale", shapes), kind, c_export(pb),
-                                    c_export(ps), be.stream())
+        prepack(c_export(b), _cb(b_scale, op, "b_scale", shapes), kind, c_export(pb), c_export(ps), be.stream())
     return pb, ps
 
 
 def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr=None, out_dtype="bfloat16", *,
                                   a_scale_layout: str = "blocked128x4", b_scale_layout: str = "blocked128x4",
                                   group_pad: str = "flashinfer", out=None, b_packed: bool = False, n=None,
-                                  m_counts=None, expected_m: int = 0):
+                                  m_counts=None, expected_m: int = 0, precision: str = "exact"):
     """Grouped GEMM for MoE (FlashInfer conventions): ``out[m] = A[m] @ B[g]^T`` for the rows m of
     group g. A is MXFP8 (float8_e4m3fn / float8_e5m2 codes, ``a_scale`` UE8M0 per 32 K-elements:
     "blocked128x4" with per-group 128-row padding (``group_pad``, m_indptr only) or "row_major") or
@@ -306,7 +321,18 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr=None, out_dty
     Scales of their stored shape in another memory order (e.g. Fortran-ordered) are copied to
     row-major order first (NumPy and torch alike), so they are read by index; a / b need their K
     elements contiguous (other strides are honoured). ``b_packed=True``: b / b_scale come from
-    group_gemm_mxfp4_prepack (b_scale_layout unused) and N is ``out.shape[-1]`` or ``n``."""
+    group_gemm_mxfp4_prepack (b_scale_layout unused) and N is ``out.shape[-1]`` or ``n``.
+
+    ``precision``: "exact" (default: operands decoded exactly onto bf16 tensor cores, fp32 sums,
+    within one ulp of the output dtype of the fp64 reference) or "fp8" (opt-in, MXFP8 activations
+    only): each K block of 32 is one FP8 wgmma (weights decoded to E4M3 with their row scale folded
+    in, activations as stored), its partial sum scaled by the block's two UE8M0 scales and added
+    into fp32. Hopper's FP8 accumulation keeps fewer mantissa bits, so results are not bit-exact:
+    ``|out - ref| <= 1 ulp(out) + (2^-7 + (K/32) * 2^-24) * sum_k |a_k b_k|`` (the derivation:
+    docs/design/moe_grouped_gemm.md, "FP8 tensor-core path"; typical errors are far smaller). It
+    takes weights from ``group_gemm_mxfp4_prepack(..., precision="fp8")`` with ``b_packed=True``
+    (other weights raise NotImplementedError, bfloat16 ``a`` raises ValueError). CPU arrays compute
+    the exact reference for either precision (within that bound by definition)."""
     op = "group_gemm_mxfp4_nt_groupwise"
     for arg, v in (("a", a), ("b", b), ("b_scale", b_scale)):
         _required(v, op, arg)
@@ -329,6 +355,7 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr=None, out_dty
     if m_counts is not None:
         m_counts = _index_array(be, m_counts, op, "m_counts", 0)
     expected_m = check_int(expected_m, op, "expected_m", 0)
+    prec = _choice(precision, _PRECISIONS, "precision", op)
     if out is None:
         if b_packed and n is None:
             raise ValueError(f"{op}: argument 'n': is required with b_packed=True when out is not given")
@@ -361,7 +388,7 @@ def group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr=None, out_dty
                             None if m_indptr is None else c_view(m_indptr, op, "m_indptr")[0], ov, odt,
                             b_packed=bool(b_packed), stream=be.stream(),
                             m_counts=None if m_counts is None else c_view(m_counts, op, "m_counts")[0],
-                            expected_m=expected_m)
+                            expected_m=expected_m, precision=prec)
     return out
 
 

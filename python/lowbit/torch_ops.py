@@ -434,7 +434,8 @@ def _(x, topk_ids, topk_weights, w1, w1_scale, b1, w2, w2_scale, b2, alpha=1.702
 #
 #   torch.ops.lowbit.group_gemm_mxfp4_nt_groupwise(a, b, a_scale, b_scale, m_indptr=None, m_counts=None,
 #       out_dtype=torch.bfloat16, a_scale_layout="blocked128x4", b_scale_layout="blocked128x4",
-#       group_pad="flashinfer", b_packed=False, n=None, expected_m=0) -> out [.., N] (a's leading shape)
+#       group_pad="flashinfer", b_packed=False, n=None, expected_m=0, precision="exact") -> out [.., N]
+#       (a's leading shape; precision "fp8": the opt-in FP8 tensor-core path, see gemm.py)
 #   torch.ops.lowbit.gpt_oss_expert_mlp(x, m_counts, w1, w1_scale, b1, w2, w2_scale, b2, x_scale=None,
 #       alpha=1.702, limit=7.0, act="bf16", packed=False, expected_m=0, out_dtype=None) -> out (x's shape)
 # Rows outside m_counts are left uninitialised in the returned tensors (docs/moe_ep.md).
@@ -448,15 +449,16 @@ def group_gemm_mxfp4_nt_groupwise(a: Tensor, b: Tensor, a_scale: Optional[Tensor
                                   m_indptr: Optional[Tensor] = None, m_counts: Optional[Tensor] = None,
                                   out_dtype: torch.dtype = torch.bfloat16, a_scale_layout: str = "blocked128x4",
                                   b_scale_layout: str = "blocked128x4", group_pad: str = "flashinfer",
-                                  b_packed: bool = False, n: Optional[int] = None, expected_m: int = 0) -> Tensor:
+                                  b_packed: bool = False, n: Optional[int] = None, expected_m: int = 0,
+                                  precision: str = "exact") -> Tensor:
     return _group_gemm(a, b, a_scale, b_scale, m_indptr, out_dtype, a_scale_layout=a_scale_layout,
                        b_scale_layout=b_scale_layout, group_pad=group_pad, b_packed=b_packed, n=n, m_counts=m_counts,
-                       expected_m=expected_m)
+                       expected_m=expected_m, precision=precision)
 
 
 @group_gemm_mxfp4_nt_groupwise.register_fake
 def _(a, b, a_scale, b_scale, m_indptr=None, m_counts=None, out_dtype=torch.bfloat16, a_scale_layout="blocked128x4",
-      b_scale_layout="blocked128x4", group_pad="flashinfer", b_packed=False, n=None, expected_m=0):
+      b_scale_layout="blocked128x4", group_pad="flashinfer", b_packed=False, n=None, expected_m=0, precision="exact"):
     if b_packed and n is None:
         raise ValueError("group_gemm_mxfp4_nt_groupwise: argument 'n': is required with b_packed=True")
     return a.new_empty(tuple(a.shape[:-1]) + (n if b_packed else b.shape[1],), dtype=out_dtype)

@@ -13,7 +13,7 @@ void bind_moe(nb::module_& m) {
       [](const Array& a, lowbit::DType a_dtype, const OptArray& a_scale, lowbit::ScaleLayoutKind a_kind,
          lowbit::GroupPad a_pad, const Array& b, const Array& b_scale, lowbit::ScaleLayoutKind b_kind,
          const OptArray& m_indptr, nb::handle out, lowbit::DType out_dtype, bool b_packed, uintptr_t stream,
-         const OptArray& m_counts, int64_t expected_m) {
+         const OptArray& m_counts, int64_t expected_m, lowbit::GemmPrecision precision) {
         const char* op = "group_gemm_mxfp4_nt_groupwise";
         lowbit::GroupGemmArgs x;
         x.a = to_view(a, a_dtype, op, "a");
@@ -28,12 +28,13 @@ void bind_moe(nb::module_& m) {
         const Out oo = out_array(out, out_dtype, op, "out");
         x.out = oo.v;
         x.b_packed = b_packed;
+        x.precision = precision;
         nb::gil_scoped_release release;
         lowbit::group_gemm_mxfp4_nt_groupwise(x, make_stream(stream));
       },
       "a"_a, "a_dtype"_a, "a_scale"_a.none(), "a_scale_layout"_a, "a_group_pad"_a, "b"_a, "b_scale"_a,
       "b_scale_layout"_a, "m_indptr"_a.none(), "out"_a, "out_dtype"_a, "b_packed"_a = false, "stream"_a = 0,
-      "m_counts"_a.none() = nb::none(), "expected_m"_a = 0,
+      "m_counts"_a.none() = nb::none(), "expected_m"_a = 0, "precision"_a = lowbit::GemmPrecision::kExact,
       "out[m] = A[m] @ B[g]^T per group (lowbit::group_gemm_mxfp4_nt_groupwise; m_indptr, or m_counts: "
       "contiguous or masked rows).");
 
@@ -53,6 +54,23 @@ void bind_moe(nb::module_& m) {
       },
       "b"_a, "b_scale"_a, "b_scale_layout"_a, "packed_b"_a, "packed_scale"_a, "stream"_a = 0,
       "MXFP4 expert weights into the grouped GEMM's packed layout (lowbit::group_gemm_mxfp4_prepack).");
+
+  m.def(
+      "group_gemm_mxfp4_prepack_fp8",
+      [](const Array& b, const Array& b_scale, lowbit::ScaleLayoutKind b_kind, nb::handle packed_b,
+         nb::handle packed_scale, uintptr_t stream) {
+        const char* op = "group_gemm_mxfp4_prepack_fp8";
+        const lowbit::TensorView bv = to_view(b, lowbit::DType::kUInt8, op, "b");
+        const lowbit::TensorView sv = to_view(b_scale, lowbit::DType::kUE8M0, op, "b_scale");
+        const Out pbo = out_array(packed_b, lowbit::DType::kUInt8, op, "packed_b"),
+                  pso = out_array(packed_scale, lowbit::DType::kUE8M0, op, "packed_scale");
+        const lowbit::TensorView pb = pbo.v, ps = pso.v;
+        nb::gil_scoped_release release;
+        lowbit::group_gemm_mxfp4_prepack_fp8(bv, sv, make_layout(b_kind, 1, lowbit::GroupPad::kNone), pb, ps,
+                                             make_stream(stream));
+      },
+      "b"_a, "b_scale"_a, "b_scale_layout"_a, "packed_b"_a, "packed_scale"_a, "stream"_a = 0,
+      "MXFP4 expert weights into the FP8 tensor-core path's packed layout (lowbit::group_gemm_mxfp4_prepack_fp8).");
 
   m.def(
       "gpt_oss_moe_mlp",

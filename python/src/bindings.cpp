@@ -92,6 +92,9 @@ NB_MODULE(_C, m) {
       .value("finite", lowbit::Saturate::kFinite)
       .value("none", lowbit::Saturate::kNone);
   nb::enum_<lowbit::ActQuant>(m, "ActQuant").value("bf16", lowbit::ActQuant::kBF16).value("mxfp8", lowbit::ActQuant::kMXFP8);
+  nb::enum_<lowbit::GemmPrecision>(m, "GemmPrecision")
+      .value("exact", lowbit::GemmPrecision::kExact)
+      .value("fp8", lowbit::GemmPrecision::kFp8TensorCores);
   nb::enum_<lowbit::AttnPrecision>(m, "AttnPrecision")
       .value("exact", lowbit::AttnPrecision::kExact)
       .value("fp8", lowbit::AttnPrecision::kFp8);

@@ -21,7 +21,8 @@ BuildInfo build_info() {
 #if LOWBIT_WITH_CUTLASS
     if (b.sm >= 90)
       for (const char* op : {"nvfp4_dual_gemm_silu", "nvfp4_dual_gemm_prepack", "group_gemm_mxfp4_nt_groupwise",
-                             "group_gemm_mxfp4_prepack", "gpt_oss_moe_mlp", "gpt_oss_expert_mlp",
+                             "group_gemm_mxfp4_prepack", "group_gemm_mxfp4_prepack_fp8", "gpt_oss_moe_mlp",
+                             "gpt_oss_expert_mlp",
                              "flash_attn_mxfp8",
                              "flash_attn_mxfp8_varlen", "mxfp4_gemm", "nvfp4_gemm", "nvfp4_gemm_prepack", "attn_forward_decode_nf4",
                              "kproj_rope_nf4_encode", "nf4_kcache_append", "fp8_vcache_quantize", "fp8_vcache_append"})

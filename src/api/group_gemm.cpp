@@ -40,6 +40,32 @@ void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, co
   run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::mxfp4_prepack(p, stream.handle); });
 }
 
+void group_gemm_mxfp4_prepack_fp8(const TensorView& b, const TensorView& b_scale, const ScaleLayout& lb,
+                                  const TensorView& packed_b, const TensorView& packed_scale, Stream stream) {
+  Checker c{"group_gemm_mxfp4_prepack_fp8"};
+  c.require(b, Req("b").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}));
+  if (b.ndim != 3 || b.shape[2] == 0 || b.shape[2] % 16 != 0 || b.shape[1] == 0)
+    c.fail("b", "expected [groups, N, K/2] with K a positive multiple of 32, got " + b.describe());
+  c.last_contiguous(b, "b");
+  const int64_t G = b.shape[0], N = b.shape[1], K = 2 * b.shape[2];
+  c.require(b_scale, Req("b_scale").dtypes({DType::kUE8M0, DType::kUInt8}));
+  check_expert_scale_layout(c, lb, "b_scale_layout");
+  Mxfp4PackPlan p;
+  plan_scales(c, b_scale, "b_scale", lb, G, N, K / 32, &p.spb, Checker::Batch::kFirst);
+  check_fp8_packed_weights(c, packed_b, "packed_b", packed_scale, "packed_scale", G, N, K);
+  c.no_overlap({{"packed_b", &packed_b}, {"packed_scale", &packed_scale}}, {{"b", &b}, {"b_scale", &b_scale}});
+  p.G = G; p.N = N; p.K = K;
+  p.b = b.ptr<uint8_t>(); p.b_sG = b.strides[0]; p.b_sN = b.strides[1];
+  p.b_scale = b_scale.ptr<uint8_t>();
+  p.packed_b = static_cast<uint8_t*>(packed_b.data);
+  p.packed_scale = static_cast<uint8_t*>(packed_scale.data);
+  if (c.dev == Device::kCPU) {
+    ref::mxfp4_prepack_fp8(p);
+    return;
+  }
+  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::mxfp4_prepack_fp8(p, stream.handle); });
+}
+
 void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   Checker c{"group_gemm_mxfp4_nt_groupwise"};
   c.require(x.a, Req("a").dtypes({DType::kE4M3, DType::kE5M2, DType::kBFloat16})
@@ -50,9 +76,25 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   const int64_t M = masked ? c.mul("a", x.a.shape[0], x.a.shape[1]) : x.a.shape[0];  // rows of a
   if (K % 32 != 0 || K == 0) c.fail("a", "K = " + std::to_string(K) + " must be a positive multiple of 32 (the MX block)");
   const int64_t a_sM = uniform_row_stride(c, x.a, "a");
+  if (x.precision != GemmPrecision::kExact && x.precision != GemmPrecision::kFp8TensorCores)
+    c.fail("precision", "expected kExact or kFp8TensorCores, got " + std::to_string(int(x.precision)));
+  const bool fp8 = x.precision == GemmPrecision::kFp8TensorCores;
+  if (fp8 && x.a.dtype == DType::kBFloat16)
+    c.fail("precision", "kFp8TensorCores takes MXFP8 activations (float8_e4m3fn / float8_e5m2 codes with a_scale), "
+                        "got bfloat16 a: use kExact for bf16 activations");
   c.require(x.b, Req("b").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}));
-  if (x.b.ndim != 3 || (!x.b_packed && x.b.shape[2] != K / 2))
+  if (fp8 && !x.b_packed)
+    throw NotSupportedError(std::string(c.op) + ": precision kFp8TensorCores reads the weights only in the FP8-path "
+                            "packed layout: pass group_gemm_mxfp4_prepack_fp8's outputs as b / b_scale with "
+                            "b_packed = true");
+  if (fp8) {
+    if (x.b.ndim != 5)
+      c.fail("b", "precision kFp8TensorCores takes the FP8-path packed layout [groups, Np/128, Kq/128, 128, 64] "
+                  "(group_gemm_mxfp4_prepack_fp8; group_gemm_mxfp4_prepack's layout is the exact path's), got " +
+                      x.b.describe());
+  } else if (x.b.ndim != 3 || (!x.b_packed && x.b.shape[2] != K / 2)) {
     c.fail("b", "expected [groups, N, " + std::to_string(K / 2) + "], got " + x.b.describe());
+  }
   c.last_contiguous(x.b, "b");
   const int64_t G = x.b.shape[0];
   if (x.b_packed) c.present(x.out, "out");
@@ -132,7 +174,11 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
       p.indptr64 = true;
     }
   }
-  if (x.b_packed) {
+  if (fp8) {
+    check_fp8_packed_weights(c, x.b, "b", x.b_scale, "b_scale", G, N, K);
+    p.b_packed = true;
+    p.fp8 = true;
+  } else if (x.b_packed) {
     check_packed_weights(c, x.b, "b", x.b_scale, "b_scale", G, N, K, &p.spb);
     p.b_packed = true;
   } else {
@@ -149,13 +195,27 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
     return;
   }
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-  require_aligned16(c, x.b, "b", {p.b_sG, p.b_sN});
+  if (fp8) {  // the FP8 path's CUDA kernel: activation tiles by TMA, weight tiles by bulk copies
+    if (reinterpret_cast<uintptr_t>(x.a.data) % 16 != 0 || a_sM % 16 != 0)
+      throw NotSupportedError(std::string(c.op) + ": precision kFp8TensorCores on CUDA reads a by TMA: it needs a "
+                              "16-byte aligned base and a row stride that is a multiple of 16 bytes, got " + x.a.describe());
+    if (M >= (int64_t(1) << 31))
+      throw NotSupportedError(std::string(c.op) + ": precision kFp8TensorCores on CUDA reads a by TMA: it needs fewer "
+                              "than 2^31 rows, got " + std::to_string(M));
+    if (reinterpret_cast<uintptr_t>(x.b.data) % 16 != 0 || reinterpret_cast<uintptr_t>(x.b_scale.data) % 16 != 0)
+      throw NotSupportedError(std::string(c.op) + ": precision kFp8TensorCores on CUDA needs 16-byte aligned packed "
+                              "weights and scales (the outputs of group_gemm_mxfp4_prepack_fp8 are), got " +
+                              x.b.describe() + " and " + x.b_scale.describe());
+  } else {
+    require_aligned16(c, x.b, "b", {p.b_sG, p.b_sN});
+  }
   if (x.b_packed && reinterpret_cast<uintptr_t>(p.b_scale) % 8 != 0)
     c.fail("b_scale", "the CUDA kernel needs 8-byte aligned packed scales, got " + x.b_scale.describe());
   if (!x.b_packed && x.b_scale_layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0)
     c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + x.b_scale.describe());
 #endif
-  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::group_gemm_mxfp4(p, stream.handle); });
+  run_on_device<Kernels::kSm90Gemm>(
+      c, [&] { return fp8 ? cuda::group_gemm_mxfp4_fp8(p, stream.handle) : cuda::group_gemm_mxfp4(p, stream.handle); });
 }
 
 }  // namespace lowbit

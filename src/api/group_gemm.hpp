@@ -24,6 +24,20 @@ inline void check_packed_weights(Checker& c, const TensorView& b, const char* b_
   plan_scales(c, s, s_arg, ScaleLayout::row_major(), G, Np, Kp / 32, sp, Checker::Batch::kFirst);
 }
 
+/// Checks a group_gemm_mxfp4_prepack_fp8 pair for G experts of N x K: b [G, Np/128, Kq/128, 128, 64],
+/// s [G, Np/128, Kq/128, 128, 4], both contiguous uint8.
+inline void check_fp8_packed_weights(Checker& c, const TensorView& b, const char* b_arg, const TensorView& s,
+                                     const char* s_arg, int64_t G, int64_t N, int64_t K) {
+  int64_t Np, Kq;
+  if (!checked_mxfp4_packed_rows(N, &Np)) c.fail(b_arg, "the packed rows of N = " + std::to_string(N) + " overflow a 64-bit integer");
+  if (!checked_round_up(K, kMxfp4Fp8PackK, &Kq)) c.fail(b_arg, "the packed K of K = " + std::to_string(K) + " overflow a 64-bit integer");
+  const int64_t rt = Np / kMxfp4PackRows, kt = Kq / kMxfp4Fp8PackK;
+  c.require(b, Req(b_arg).dtypes({DType::kUInt8, DType::kFloat4E2M1x2}).shape({G, rt, kt, kMxfp4PackRows, 64})
+                   .contiguous("FP8-path packed weights (group_gemm_mxfp4_prepack_fp8)"));
+  c.require(s, Req(s_arg).dtypes({DType::kUE8M0, DType::kUInt8}).shape({G, rt, kt, kMxfp4PackRows, 4})
+                   .contiguous("FP8-path packed scales (group_gemm_mxfp4_prepack_fp8)"));
+}
+
 /// The element stride between consecutive rows of a 2-D [rows, C] tensor or of a 3-D
 /// [G, rows_per_group, C] one (the masked layout) whose rows all lie at one stride: the batch
 /// stride must be rows_per_group times the row stride (a contiguous tensor, or a row-sliced 2-D

@@ -37,6 +37,10 @@ struct GroupGemmPlan {
   /// GEMM's API leaves it null).
   const void* bias = nullptr;
   DType bias_dtype = DType::kFloat32;
+  /// GemmPrecision::kFp8TensorCores: MXFP8 a, b / b_scale in the FP8-path packed layout
+  /// (group_gemm_mxfp4_prepack_fp8: [G, Np/128, Kq/128, 128, 64] / [.., 128, 4]; spb unused). The
+  /// CPU reference computes the exact result from them.
+  bool fp8 = false;
 
   LOWBIT_HOST_DEVICE int64_t bound(int64_t g) const {
     return indptr64 ? static_cast<const int64_t*>(m_indptr)[g] : int64_t(static_cast<const int32_t*>(m_indptr)[g]);
@@ -68,6 +72,17 @@ struct Mxfp4PackPlan {
   /// Packed scale byte of MX block c of padded row n of expert g.
   LOWBIT_HOST_DEVICE uint8_t scale(int64_t g, int64_t n, int64_t c) const {
     return n < N && c < K / 32 ? b_scale[spb.offset(g, n, c)] : kMxfp4PackPadScale;
+  }
+  /// FP8-path packed word w (0..15) of padded row n of expert g in K tile kt (128 K each; zero
+  /// beyond N and K): elements 4t .. 4t+3 and 16+4t .. 16+4t+3 (t = w / 4) of MX block 4 kt + w % 4,
+  /// i.e. bytes 2t, 2t+1 and 8+2t, 9+2t of the block's 16 bytes.
+  LOWBIT_HOST_DEVICE uint32_t fp8_word(int64_t g, int64_t n, int64_t kt, int w) const {
+    const int t = w >> 2;
+    const int64_t blk = kt * (kMxfp4Fp8PackK / 32) + (w & 3);
+    if (n >= N || blk >= K / 32) return 0;
+    const uint8_t* src = b + g * b_sG + n * b_sN + blk * 16;
+    return mxfp4_fp8_pack_word(uint32_t(src[2 * t]) | (uint32_t(src[2 * t + 1]) << 8) |
+                               (uint32_t(src[8 + 2 * t]) << 16) | (uint32_t(src[9 + 2 * t]) << 24));
   }
 };
 

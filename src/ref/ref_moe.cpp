@@ -19,8 +19,14 @@ void group_gemm_mxfp4(const GroupGemmPlan& p) {
     const int64_t m0 = p.phys_row(g, c0), m1 = m0 + (c1 - c0);  // its rows of a and out
     std::vector<float> B(size_t(p.N * p.K));
     const uint8_t* bg = p.b + g * p.b_sG;
+    const int64_t Np = mxfp4_packed_rows(p.N), Kq = mxfp4_fp8_packed_k(p.K);
     for (int64_t n = 0; n < p.N; ++n)
       for (int64_t k = 0; k < p.K; ++k) {
+        if (p.fp8) {  // the FP8-path packed layout (tiles of 128 x 128)
+          const uint8_t code = uint8_t(mxfp4_fp8_code(p.b, g, n, k, Np, Kq));
+          B[size_t(n * p.K + k)] = decode_e2m1(code) * decode_ue8m0(p.b_scale[mxfp4_fp8_scale_offset(g, n, k, Np, Kq)]);
+          continue;
+        }
         const uint8_t code = uint8_t(mxfp4_row_code(bg + n * p.b_sN, k, p.b_packed));
         B[size_t(n * p.K + k)] = decode_e2m1(code) * decode_ue8m0(p.b_scale[p.spb.offset(g, n, k / 32)]);
       }
@@ -84,6 +90,23 @@ void mxfp4_prepack(const Mxfp4PackPlan& p) {
     }
     uint8_t* so = p.packed_scale + gn * (Kp / 32);
     for (int64_t c = 0; c < Kp / 32; ++c) so[c] = p.scale(g, n, c);
+  });
+}
+
+void mxfp4_prepack_fp8(const Mxfp4PackPlan& p) {
+  const int64_t Np = mxfp4_packed_rows(p.N), Kq = mxfp4_fp8_packed_k(p.K), kts = Kq / kMxfp4Fp8PackK;
+  parallel_for(p.G * Np, [&](int64_t gn) {
+    const int64_t g = gn / Np, n = gn % Np;
+    for (int64_t kt = 0; kt < kts; ++kt) {
+      const int64_t tile = (g * (Np / kMxfp4PackRows) + n / kMxfp4PackRows) * kts + kt;
+      uint8_t* out = p.packed_b + tile * kMxfp4Fp8TileBytes + (n % kMxfp4PackRows) * 64;
+      for (int w = 0; w < 16; ++w) {
+        const uint32_t word = p.fp8_word(g, n, kt, w);
+        for (int i = 0; i < 4; ++i) out[4 * w + i] = uint8_t(word >> (8 * i));
+      }
+      uint8_t* so = p.packed_scale + tile * kMxfp4Fp8TileScales + (n % kMxfp4PackRows) * 4;
+      for (int b = 0; b < 4; ++b) so[b] = p.scale(g, n, kt * 4 + b);
+    }
   });
 }
 

@@ -10,6 +10,8 @@ namespace lowbit::ref {
 void group_gemm_mxfp4(const detail::GroupGemmPlan& p);
 /// group_gemm_mxfp4_prepack on the CPU (the definition of the packed layout's contents).
 void mxfp4_prepack(const detail::Mxfp4PackPlan& p);
+/// group_gemm_mxfp4_prepack_fp8 on the CPU (the definition of the FP8-path packed layout's contents).
+void mxfp4_prepack_fp8(const detail::Mxfp4PackPlan& p);
 
 void gpt_oss_moe_mlp(const detail::MoeMlpPlan& p);
 /// gpt_oss_expert_mlp (p.expert_rows, host p.row_indptr): each row of an expert's group gets that

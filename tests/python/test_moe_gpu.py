@@ -156,6 +156,28 @@ def _special_operands(kind, act, N=256, K=512, sizes=SPECIAL_SIZES, seed=11):
         abase = rng.permutation(np.arange(Kb) % (top + 1))
         ops.a_sc = (abase[None, :] + np.zeros((ops.M, 1), np.int64)).astype(np.uint8)
         ops.b_sc = (254 + t - abase[None, None, :] + n % 3 + np.zeros((ops.G, 1, 1), np.int64)).astype(np.uint8)
+    elif kind == "w_top":
+        # weight scale bytes 253 / 254 in K block 3 of a quarter of the rows, with every code: the
+        # elements of 2^128 or more are +-Inf (the fp32 decode's rule) on both sides; the activations
+        # of that block are small, so the finite products of those rows stay moderate
+        ops.b_sc[:, 1::4, 3] = np.where(np.arange(1, N, 4) % 8 == 1, 253, 254)[None, :]
+        if act == "bf16":
+            a = ops.a.astype(np.float32)
+            a[:, 96:128] = np.ldexp(a[:, 96:128], -110)
+            ops.a = a.astype(ml_dtypes.bfloat16)
+        else:
+            ops.a_sc[:, 3] = 17
+    elif kind == "a_overflow":
+        # E4M3 rows 2 and M - 1: scale bytes 0 (block 0) and 250 (block 1) with an element 4 in block
+        # 1: 2^125, finite, but 2^128 after the pre-pass's shift by 2^3; the weights of block 1 are
+        # small so the products stay finite: the rows take the exact recomputation
+        assert act == "e4m3"
+        for r in (2, ops.M - 1):
+            ops.a_sc[r, 0] = 0
+            ops.a_sc[r, 1] = 250
+            ops.a[r, 32:64] = np.clip(ops.a[r, 32:64].astype(np.float32), -4, 4).astype(ops.a.dtype)
+            ops.a[r, 32 + 5] = 4.0
+        ops.b_sc[:, :, 1] = 5
     elif kind == "nan":
         if ops.a_sc is not None:
             for r in (0, 7, ops.M - 1):
@@ -186,6 +208,10 @@ SPECIAL = [
     ("a_low", "e5m2", "row_major", "blocked128x4", "float16"),
     ("a_span", "e4m3", "blocked128x4", "row_major", "bfloat16"),
     ("a_span", "e5m2", "row_major", "blocked128x4", "float16"),
+    ("w_top", "bf16", "row_major", "row_major", "bfloat16"),
+    ("w_top", "e4m3", "blocked128x4", "row_major", "float16"),
+    ("a_overflow", "e4m3", "row_major", "row_major", "bfloat16"),
+    ("a_overflow", "e4m3", "blocked128x4", "blocked128x4", "float16"),
     ("nan", "e4m3", "blocked128x4", "blocked128x4", "bfloat16"),
     ("nan", "e5m2", "row_major", "row_major", "float16"),
     ("nan", "bf16", "row_major", "blocked128x4", "bfloat16"),
@@ -213,6 +239,11 @@ def test_group_gemm_special_scales(torch, kind, act, la, lb, out, packed):
     assert np.count_nonzero(ref[finite]) > 0.9 * finite.sum(), "the case is degenerate: mostly zero outputs"
     if kind == "nan":
         assert np.isnan(ref).any() and finite.any()
+    if kind == "w_top":
+        assert (~finite).any() and finite.any(), "the case needs elements of 2^128 and finite rows"
+    if kind == "a_overflow":
+        assert finite[[2, ops.M - 1]].all(), "the shifted rows' exact results are finite"
+
 
 
 def _full_range_operands(act, N=256, K=8192, sizes=(0, 5, 130, 0, 33, 1), seed=17):

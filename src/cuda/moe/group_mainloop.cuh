@@ -297,11 +297,11 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
         a[j][1] = bmul2(p1, sB);
         a[j][2] = bmul2(p2, sA);
         a[j][3] = bmul2(p3, sB);
-        if constexpr (kWide) {
-          a[j][0] = bmul2(a[j][0], E0[bi]);
-          a[j][1] = bmul2(a[j][1], E1[bi]);
-          a[j][2] = bmul2(a[j][2], E0[bi]);
-          a[j][3] = bmul2(a[j][3], E1[bi]);
+        if constexpr (kWide) {  // the weight itself (Inf past fp32's range), then * 2^-kWShift
+          a[j][0] = bmul2(bmul2(a[j][0], E0[bi]), kWideUnshift);
+          a[j][1] = bmul2(bmul2(a[j][1], E1[bi]), kWideUnshift);
+          a[j][2] = bmul2(bmul2(a[j][2], E0[bi]), kWideUnshift);
+          a[j][3] = bmul2(bmul2(a[j][3], E1[bi]), kWideUnshift);
         }
       }
     };

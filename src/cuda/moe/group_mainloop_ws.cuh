@@ -188,10 +188,10 @@ __global__ void __launch_bounds__(288, 2)
             a[jj][3] = bmul2(mxfp4_packed_pair(x1, q + 1), sB);
             if constexpr (kWide) {
               const uint32_t eA = E0[j >> 3], eB = E1[j >> 3];
-              a[jj][0] = bmul2(a[jj][0], eA);
-              a[jj][1] = bmul2(a[jj][1], eB);
-              a[jj][2] = bmul2(a[jj][2], eA);
-              a[jj][3] = bmul2(a[jj][3], eB);
+              a[jj][0] = bmul2(bmul2(a[jj][0], eA), kWideUnshift);  // as group_mainloop.cuh
+              a[jj][1] = bmul2(bmul2(a[jj][1], eB), kWideUnshift);
+              a[jj][2] = bmul2(bmul2(a[jj][2], eA), kWideUnshift);
+              a[jj][3] = bmul2(bmul2(a[jj][3], eB), kWideUnshift);
             }
           }
         };

@@ -31,12 +31,18 @@ constexpr float kWUnshift = float(1 << kWShift);
 constexpr uint32_t kSOne = 127u + 1u + kWShift;  // 133
 
 /// bf16x2 multipliers of scale bytes y (a byte in bits 0..7 and one in 16..23): `one` = 2^(s-6)
-/// (valid for s <= 133), `lo` = 2^(min(s,133)-6) and `hi` = 2^(max(s,133)-133), NaN for the NaN
-/// byte 255 (lo * hi: every byte).
+/// (valid for s <= 133), `lo` = 2^(min(s,133)-6) and `hi` = 2^(max(s,133)-128), NaN for the NaN
+/// byte 255. The two-multiply decode of a tile with a byte above 133 is
+/// ((bf16(e2m1 * 2^-126) * lo) * hi) * 2^-kWShift (kWideUnshift): the product before the last
+/// multiply is the weight itself, e2m1 * 2^(s-127), +-Inf where that is 2^128 or more (the fp32
+/// decode's rule, docs/formats.md: bytes 253 and 254 with the larger codes), every other value
+/// exact (e2m1 has two significant bits; scaling by powers of two within range is exact).
 __device__ __forceinline__ uint32_t scale_one(uint32_t y) { return (y + 0x00010001u * (126u - kWShift)) << 7; }
 __device__ __forceinline__ uint32_t scale_lo(uint32_t y) { return scale_one(__vminu2(y, 0x00010001u * kSOne)); }
+constexpr uint32_t kWideUnshift = 0x3D003D00u;  // bf16x2 of 2^-kWShift (2^-5)
+static_assert(kWShift == 5, "kWideUnshift holds 2^-5");
 __device__ __forceinline__ uint32_t scale_hi(uint32_t y) {
-  const uint32_t h = (__vmaxu2(y, 0x00010001u * kSOne) - 0x00010001u * (kSOne - 127u)) << 7;
+  const uint32_t h = (__vmaxu2(y, 0x00010001u * kSOne) - 0x00010001u * (kSOne - 127u - kWShift)) << 7;
   const uint32_t nan = ((y + 0x00010001u) >> 8) & 0x00010001u;  // 1 in a half holding byte 255
   return h | (nan * 0x7FC0u);
 }

@@ -66,11 +66,18 @@ __global__ void act_prepass_kernel(GroupArgs A) {
           const uint8_t* src = static_cast<const uint8_t*>(A.a) + am * A.a_sM + k;
           const uint8_t s = A.a_scale[scale_offset(A.spa.layout, A.spa.rows_pad, A.spa.cols, srow, k >> 5)];
           const float sc = decode_ue8m0(s) * up;  // exact
-          v0 = (e4 ? decode_e4m3(src[0]) : decode_e5m2(src[0])) * sc;
-          v1 = (e4 ? decode_e4m3(src[1]) : decode_e5m2(src[1])) * sc;
-          // NOTE: exact in fp32; NaN stays NaN. bf16 misses it only in a row spanning more than
-          // bf16's range (a scale byte below lo and one near the top in the same row).
-          inexact = bf16_inexact(v0) || bf16_inexact(v1);
+          const float c0 = e4 ? decode_e4m3(src[0]) : decode_e5m2(src[0]);
+          const float c1 = e4 ? decode_e4m3(src[1]) : decode_e5m2(src[1]);
+          v0 = c0 * sc;
+          v1 = c1 * sc;
+          // NOTE: exact in fp32 unless the shift pushes a finite element past fp32's range (sc may
+          // itself be +Inf there, and 0 * Inf is NaN); NaN codes and the NaN scale byte stay NaN.
+          // bf16 misses an element only in a row spanning more than bf16's range (a scale byte
+          // below lo and one near the top in the same row). Both send the row's CTAs to the exact
+          // recomputation from the original operands.
+          const bool finite_in = s != 255u;
+          inexact = bf16_inexact(v0) || bf16_inexact(v1) || (finite_in && isfinite(c0) && !isfinite(v0)) ||
+                    (finite_in && isfinite(c1) && !isfinite(v1));
         } else {
           const uint16_t* src = static_cast<const uint16_t*>(A.a) + am * A.a_sM + k;
           v0 = decode_bf16(src[0]);

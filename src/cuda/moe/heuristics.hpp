@@ -142,4 +142,28 @@ constexpr PrepassGrid prepass_grid(int64_t M, int64_t Kp, int sms) {
   return g;
 }
 
+// ---- the FP8 tensor-core path (GemmPrecision::kFp8TensorCores; group_fp8_mainloop.cuh) ----
+
+/// Tokens per CTA tile (wgmma N) and K per pipeline stage (the FP8-path packed tile) of the FP8
+/// path: each consumer thread holds 64 fp32 totals and 64 fp32 partial sums.
+constexpr int kFp8TileN = 128;
+constexpr int kFp8TileK = 128;
+/// Pipeline stages (32 KB each: activations 16 KB, weight codes 8 KB, scales, tables, multipliers).
+constexpr int kFp8Stages = 6;
+
+/// Host bound of the (group, token tile) items of the FP8 path: every row in a tile, and with the
+/// masked layout (max_tokens > 0) at most ceil(max_tokens / kFp8TileN) tiles per group.
+constexpr int64_t fp8_token_tiles(int64_t rows, int64_t groups, int64_t max_tokens) {
+  int64_t t = (rows + kFp8TileN - 1) / kFp8TileN + groups;
+  if (rows < t) t = rows;
+  if (max_tokens > 0) {
+    const int64_t per = groups * ((max_tokens + kFp8TileN - 1) / kFp8TileN);
+    if (per < t) t = per;
+  }
+  return t;
+}
+/// CTAs of the FP8 path's persistent kernel (one per SM, each looping over the
+/// row-block x token-tile items blockIdx.x, + gridDim.x, ...).
+constexpr int64_t fp8_grid(int64_t items, int sms) { return items < int64_t(sms) ? items : int64_t(sms > 0 ? sms : 1); }
+
 }  // namespace lowbit::cuda::moe

@@ -10,6 +10,11 @@ namespace lowbit::cuda {
 /// MXFP4-weight grouped GEMM (MXFP8 or bf16 activations), groups from a device m_indptr or device
 /// m_counts (contiguous or masked layout).
 int group_gemm_mxfp4(const detail::GroupGemmPlan& p, void* stream);
+/// The FP8 tensor-core path of group_gemm_mxfp4 (p.fp8: MXFP8 activations, FP8-path packed weights;
+/// sm90_mxfp4_group_gemm_fp8.cu).
+int group_gemm_mxfp4_fp8(const detail::GroupGemmPlan& p, void* stream);
+/// group_gemm_mxfp4_prepack_fp8 on the device (same bytes as ref::mxfp4_prepack_fp8).
+int mxfp4_prepack_fp8(const detail::Mxfp4PackPlan& p, void* stream);
 /// The dense MXFP4 linear (mxfp4_gemm): group_gemm_mxfp4 with one group; the plan's m_indptr is
 /// replaced by a device-resident constant (sm90_mxfp4_gemm.cu).
 int mxfp4_gemm(detail::GroupGemmPlan p, void* stream);

@@ -8,15 +8,17 @@
 // with fp32 accumulation rounds only in the accumulation, like the fp32 reference.
 //  * Weights are decoded in registers as w * 2^-5 = bf16(e2m1 * 2^-126) * bf16(2^(s-6)): one
 //    multiply, exact for every scale byte s in [0, 133]; a warp whose K tile holds a larger scale
-//    byte decodes that tile with two multiplies (2^(min(s,133)-6), then 2^(max(s,133)-133)), exact
-//    for every s in [0, 254] (e2m1 * 2^(s-132) spans 2^-133 .. 1.5 * 2^125, inside bf16's range with
-//    its subnormals). The epilogue multiplies the fp32 accumulator by 2^5 (exact). Every finite
-//    weight scale byte runs on the tensor cores.
+//    byte decodes that tile with three (2^(min(s,133)-6), 2^(max(s,133)-128), 2^-5): the product
+//    before the last is the weight itself, +-Inf where e2m1 * 2^(s-127) reaches 2^128 (bytes 253,
+//    254: the fp32 decode's rule, as the reference), every other value exact (e2m1 * 2^(s-132)
+//    spans 2^-133 .. 1.5 * 2^125, inside bf16's range with its subnormals). The epilogue
+//    multiplies the fp32 accumulator by 2^5 (exact). Every weight scale byte runs on the tensor cores.
 //  * MXFP8 activations: the pre-pass writes each row times 2^ka, ka = max(0, lo - the row's
 //    smallest scale byte) (lo = 3 for E4M3, 10 for E5M2), so that every element is a bf16-exact
 //    multiple of 2^-133; the epilogue multiplies the row's sums by 2^-ka. Only a row that spans more
-//    than bf16's range (a scale byte below lo and values within 2^ka of bf16's top in one row)
-//    sends the CTAs of its rows to an exact fp32 CUDA-core recomputation from the original operands.
+//    than bf16's range (a scale byte below lo and values within 2^ka of bf16's top in one row), or
+//    whose shifted element leaves fp32's range, sends the CTAs of its rows to an exact fp32
+//    CUDA-core recomputation from the original operands.
 //  * m_indptr may come from the device and is not validated there: every kernel clamps its bounds
 //    to [0, M] (M = activation rows) and stored scale rows to the scale buffer, so a wrong m_indptr
 //    gives wrong rows, never an access outside the given buffers.
