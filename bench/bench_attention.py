@@ -9,6 +9,7 @@ and not. Inputs: bf16 randn Q, K, V in [b, s, h, d].
 
 Table 1, kernel time (inputs already in each kernel's format, nothing converted in the timed call):
   attn_mxfp8          lowbit.flash_attn_mxfp8_func on MXFP8 operands (quantize_mxfp8_attn, RCEIL)
+  attn_mxfp8_fp8      the same with precision="fp8" (QK^T and PV on FP8 tensor cores, P in E4M3)
   vs sdpa_flash_bf16  torch SDPA, flash backend (torch.nn.attention.sdpa_kernel), bf16 [b, h, s, d]
                       (GQA: enable_gqa, or KV heads expanded before timing where the backend lacks it)
   vs sdpa_cudnn_bf16  torch SDPA, cuDNN backend, bf16
@@ -16,12 +17,15 @@ Table 1, kernel time (inputs already in each kernel's format, nothing converted 
   vs fa3_fp8          FlashAttention-3 FP8 e4m3 with per-(batch, KV head) descales
 Table 2, end to end from bf16 activations:
   attn_mxfp8_e2e      quantize_mxfp8_attn of Q, K and V (device kernels) + flash_attn_mxfp8_func
+  attn_mxfp8_fp8_e2e  the same with precision="fp8"
   vs sdpa_*_bf16_e2e  SDPA on the same bf16 tensors (a [b, h, s, d] view of [b, s, h, d] storage)
   vs fa3_bf16         FlashAttention-3 bf16 on the same tensors (as in table 1)
 Columns: lowbit us, anchor us, x = anchor us / lowbit us (> 1: lowbit faster), rate = lowbit
 TFLOP/s = 4 b h s_q s_k d / t (halved for causal), %ceil = fraction of the FP8 dense peak measured
 in this process (torch._scaled_mm e4m3 at 8192^3). Check (outside the timed region): rel_l2 of
-lowbit's output against SDPA flash bf16 on the unquantized inputs (MXFP8 quantization error).
+lowbit's output against SDPA flash bf16 on the unquantized inputs (MXFP8 quantization error; the
+FP8 path adds P's E4M3 rounding). Every anchor is timed once per shape and reported beside both
+lowbit paths.
 Where lowbit's CUDA kernel is not in the build its rows read "n/a (not implemented)" and the
 anchors are still timed.
 """
@@ -138,7 +142,7 @@ class Bench:
         name = shape_name(b, s, h, hk, d, causal)
         anchors = ["sdpa_flash_bf16", "sdpa_cudnn_bf16", "fa3_bf16", "fa3_fp8"]
         if self.over_budget():
-            for op in ("attn_mxfp8", "attn_mxfp8_e2e"):
+            for op in ("attn_mxfp8", "attn_mxfp8_fp8", "attn_mxfp8_e2e", "attn_mxfp8_fp8_e2e"):
                 self.report.add(Row(op=op, shape=name, anchor="-", error="skipped: time budget"))
             return
         flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
@@ -150,25 +154,32 @@ class Bench:
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # [b, h, s, d] views
         qhc, khc, vhc = (t.contiguous() for t in (qh, kh, vh))
 
-        # lowbit, kernel only
-        t_lb, t_e2e, err, check = None, None, "", ""
-        try:
-            parts = [lowbit.quantize_mxfp8_attn(t) for t in (q, k, v)]
-            (qc, qs), (kc, ks), (vc, vs) = parts
-            out, _ = lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, causal=causal)
-            rep = h // hk  # the check's reference reads KV heads expanded (no GQA support needed)
-            ref = self.sdpa(self.backends["sdpa_flash_bf16"], qhc, khc.repeat_interleave(rep, 1),
-                            vhc.repeat_interleave(rep, 1), causal, False).transpose(1, 2)
-            check = f"rel_l2 vs sdpa bf16 {rel_l2(out, ref):.1e}"
-            del out, ref
-            t_lb = self.time(lambda: lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, causal=causal))
-            t_e2e = self.time(lambda: lowbit.flash_attn_mxfp8_quantized(q, k, v, causal=causal))
-        except NotImplementedError:
-            err = NA
-        except Exception as ex:  # noqa: BLE001
-            err = "lowbit: " + _err(ex)
-            if self.args.verbose:
-                traceback.print_exc()
+        # lowbit, kernel only: both paths on the same operands
+        lb = {}  # precision -> (kernel Timing, e2e Timing, error, check)
+        ref = None
+        for prec in ("exact", "fp8"):
+            t_lb, t_e2e, err, check = None, None, "", ""
+            try:
+                parts = [lowbit.quantize_mxfp8_attn(t) for t in (q, k, v)]
+                (qc, qs), (kc, ks), (vc, vs) = parts
+                out, _ = lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, causal=causal, precision=prec)
+                if ref is None:  # the check's reference reads KV heads expanded (no GQA support needed)
+                    rep = h // hk
+                    ref = self.sdpa(self.backends["sdpa_flash_bf16"], qhc, khc.repeat_interleave(rep, 1),
+                                    vhc.repeat_interleave(rep, 1), causal, False).transpose(1, 2)
+                check = f"rel_l2 vs sdpa bf16 {rel_l2(out, ref):.1e}"
+                del out
+                t_lb = self.time(lambda: lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, causal=causal,
+                                                                      precision=prec))
+                t_e2e = self.time(lambda: lowbit.flash_attn_mxfp8_quantized(q, k, v, causal=causal, precision=prec))
+            except NotImplementedError:
+                err = NA
+            except Exception as ex:  # noqa: BLE001
+                err = "lowbit: " + _err(ex)
+                if self.args.verbose:
+                    traceback.print_exc()
+            lb[prec] = (t_lb, t_e2e, err, check)
+        del ref
 
         timed = {}
         for an in ("sdpa_flash_bf16", "sdpa_cudnn_bf16"):
@@ -211,10 +222,12 @@ class Bench:
                     q8_, k8_, v8_, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)))
             except Exception as ex:  # noqa: BLE001
                 timed["fa3_fp8"] = _err(ex, 200)
-        self.rows("attn_mxfp8", name, t_lb, [(a, timed[a]) for a in anchors], flops, check, err)
-        self.rows("attn_mxfp8_e2e", name, t_e2e,
-                  [(a + "_e2e", timed[a + "_views"]) for a in ("sdpa_flash_bf16", "sdpa_cudnn_bf16")]
-                  + [("fa3_bf16", timed["fa3_bf16"])], flops, "quantize of q, k, v included", err)
+        for prec, op in (("exact", "attn_mxfp8"), ("fp8", "attn_mxfp8_fp8")):
+            t_lb, t_e2e, err, check = lb[prec]
+            self.rows(op, name, t_lb, [(a, timed[a]) for a in anchors], flops, check, err)
+            self.rows(op + "_e2e", name, t_e2e,
+                      [(a + "_e2e", timed[a + "_views"]) for a in ("sdpa_flash_bf16", "sdpa_cudnn_bf16")]
+                      + [("fa3_bf16", timed["fa3_bf16"])], flops, "quantize of q, k, v included", err)
         torch.cuda.empty_cache()
 
 

@@ -3,6 +3,7 @@
 // silent fallback).
 #pragma once
 
+#include <cstdint>
 #include <limits>
 
 #include "lowbit/ops.hpp"
@@ -23,10 +24,26 @@ namespace lowbit {
 /// d in {64, 128, 256}; h % h_kv == 0 (query head h reads KV head h / (h / h_kv)); any
 /// s_q, s_k >= 1. Causal masks are aligned bottom-right (key j visible to query i when
 /// j <= i + s_k - s_q); a row that sees no key gets out = 0 and lse = -inf.
+/// How the products are computed (docs/attention.md, "Precision").
+enum class AttnPrecision : uint8_t {
+  /// The default. CUDA: both products on bf16 tensor cores with every block scale folded exactly
+  /// into bf16 operands, P rounded to bf16. CPU: the fp64 reference above (out rounded once).
+  kExact = 0,
+  /// Opt-in. CUDA: QK^T and PV on FP8 (E4M3) tensor cores. Every block scale is applied: K's and
+  /// V's are folded into E4M3 operands against the head's largest scale of each 32-channel block
+  /// (exact where a token's block scale equals it; otherwise one rounding of the codes that fall
+  /// below E4M3's normal range), Q's against its row's largest block product with K's reference;
+  /// P is rounded to E4M3 after scaling by 2^8 (never saturates). Within FlashAttention-3's
+  /// accuracy rule for its FP8 forward. CPU: the model of that arithmetic (the kernel's E4M3
+  /// operands bit for bit, fp64 scores and softmax, P rounded to E4M3 against the row maximum).
+  kFp8 = 1,
+};
+
 struct AttnArgs {
   /// Multiplies the scores; NaN (the default) means 1 / sqrt(d). Must be finite and > 0 otherwise.
   float softmax_scale = std::numeric_limits<float>::quiet_NaN();
   bool causal = false;
+  AttnPrecision precision = AttnPrecision::kExact;
 };
 
 void flash_attn_mxfp8(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_scale,

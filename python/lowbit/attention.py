@@ -9,7 +9,10 @@ channels::
 
 torch CUDA tensors run the sm_90a kernel on the current stream (no host synchronisation: CUDA
 graph safe); NumPy arrays (and CPU tensors) run the CPU reference (exact dequantization, fp64
-attention, out rounded to bfloat16). ``quantize_mxfp8_attn`` turns float32 / float16 / bfloat16
+attention, out rounded to bfloat16). ``precision="fp8"`` (opt-in) selects the FP8 tensor-core
+path on CUDA (QK^T and PV on FP8 wgmma, scales folded into re-rounded E4M3 operands, P in E4M3;
+within FlashAttention-3's FP8 accuracy rule) and its arithmetic model on the CPU; the default
+``"exact"`` keeps both products exact up to P's bf16 rounding (docs/attention.md, "Precision"). ``quantize_mxfp8_attn`` turns float32 / float16 / bfloat16
 Q, K or V into these codes and scales (on CUDA with the device quantize kernel).
 """
 
@@ -29,6 +32,7 @@ _CODE_DTYPES = ("float8_e4m3fn", "uint8")
 _SCALE_DTYPES = ("float8_e8m0fnu", "uint8")
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 _LAYOUTS = ("bshd", "bhsd", "thd")
+_PRECISIONS = ("exact", "fp8")
 
 
 def _fail(op, arg, what):
@@ -49,6 +53,13 @@ def _operand(a, op: str, arg: str, allowed, ndim: int | None = None):
     if ndim is not None and a.ndim != ndim:
         _fail(op, arg, f"expected a {ndim}-D array, got shape {tuple(int(s) for s in a.shape)}")
     return a
+
+
+def _precision(op, precision):
+    """The _C.AttnPrecision of a precision string ("exact" or "fp8")."""
+    if not isinstance(precision, str) or precision not in _PRECISIONS:
+        _fail(op, "precision", f"expected one of {', '.join(repr(v) for v in _PRECISIONS)}, got {precision!r}")
+    return _C.AttnPrecision.fp8 if precision == "fp8" else _C.AttnPrecision.exact
 
 
 def _common(op, q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, ndim):
@@ -78,7 +89,8 @@ def _views(op, *named):
     return out
 
 
-def flash_attn_mxfp8_func(q, k, v, q_scale, k_scale, v_scale, softmax_scale=None, causal: bool = False):
+def flash_attn_mxfp8_func(q, k, v, q_scale, k_scale, v_scale, softmax_scale=None, causal: bool = False,
+                          precision: str = "exact"):
     """MXFP8 flash-attention forward. Returns ``(out, lse)``.
 
     q: [b, s_q, h, d], k and v: [b, s_k, h_kv, d] E4M3 codes (float8_e4m3fn or uint8; d
@@ -90,16 +102,24 @@ def flash_attn_mxfp8_func(q, k, v, q_scale, k_scale, v_scale, softmax_scale=None
     (softmax_scale None: 1/sqrt(d)); out [b, s_q, h, d] bfloat16, lse [b, h, s_q] float32
     (natural log of sum_j exp(S[i, j])). ``causal``: key j visible to query i when
     j <= i + s_k - s_q (bottom-right aligned); a row that sees no key gets out 0, lse -inf.
-    NaN: see docs/attention.md."""
+    NaN: see docs/attention.md.
+
+    ``precision``: "exact" (default; CUDA: bf16 tensor cores on exactly scaled operands, P in
+    bf16; CPU: the fp64 reference) or "fp8" (CUDA: QK^T and PV on FP8 tensor cores, every block
+    scale folded into E4M3 operands against the head's largest scale of each 32-channel block,
+    P rounded to E4M3 after scaling by 2^8; CPU: the model of that arithmetic). The FP8 path
+    meets FlashAttention-3's accuracy rule for its FP8 forward (docs/attention.md)."""
     op = "flash_attn_mxfp8"
     q, k, v, qs, ks, vs, scale, causal = _common(op, q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, 4)
+    prec = _precision(op, precision)
     b, s_q, h, d = (int(s) for s in q.shape)
     be = Backend(q, op, "q")
     out = be.empty((b, s_q, h, d), "bfloat16")
     lse = be.empty((b, h, s_q), "float32")
     args = _views(op, ("q", q), ("k", k), ("v", v), ("q_scale", qs), ("k_scale", ks), ("v_scale", vs))
     with be.guard():
-        _C.flash_attn_mxfp8(*args, c_view(out, op, "out")[0], c_view(lse, op, "lse")[0], scale, causal, be.stream())
+        _C.flash_attn_mxfp8(*args, c_view(out, op, "out")[0], c_view(lse, op, "lse")[0], scale, causal, prec,
+                            be.stream())
     return out, lse
 
 
@@ -114,7 +134,7 @@ def _seqlens(be: Backend, a, op: str, arg: str):
 
 
 def flash_attn_mxfp8_varlen_func(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                                 max_seqlen_k: int, softmax_scale=None, causal: bool = False):
+                                 max_seqlen_k: int, softmax_scale=None, causal: bool = False, precision: str = "exact"):
     """Varlen MXFP8 flash-attention forward (FlashAttention's packed convention). Returns
     ``(out, lse)``.
 
@@ -123,10 +143,11 @@ def flash_attn_mxfp8_varlen_func(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_
     [batch + 1] boundaries (0, non-decreasing, last = total; on the tensors' device; a list is
     converted); sequence b holds rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] of q.
     max_seqlen_q / max_seqlen_k (>= 1) size the CUDA grid (a longer sequence is still computed in
-    full). out [total_q, h, d] bfloat16, lse [h, total_q] float32; the formula and the causal
-    rule of flash_attn_mxfp8_func apply per sequence."""
+    full). out [total_q, h, d] bfloat16, lse [h, total_q] float32; the formula, the causal
+    rule and ``precision`` of flash_attn_mxfp8_func apply per sequence."""
     op = "flash_attn_mxfp8_varlen"
     q, k, v, qs, ks, vs, scale, causal = _common(op, q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, 3)
+    prec = _precision(op, precision)
     total_q, h, d = (int(s) for s in q.shape)
     be = Backend(q, op, "q")
     cq = _seqlens(be, cu_seqlens_q, op, "cu_seqlens_q")
@@ -140,7 +161,8 @@ def flash_attn_mxfp8_varlen_func(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_
     args = _views(op, ("q", q), ("k", k), ("v", v), ("q_scale", qs), ("k_scale", ks), ("v_scale", vs))
     with be.guard():
         _C.flash_attn_mxfp8_varlen(*args, c_view(cq, op, "cu_seqlens_q")[0], c_view(ck, op, "cu_seqlens_k")[0], mq, mk,
-                                   c_view(out, op, "out")[0], c_view(lse, op, "lse")[0], scale, causal, be.stream())
+                                   c_view(out, op, "out")[0], c_view(lse, op, "lse")[0], scale, causal, prec,
+                                   be.stream())
     return out, lse
 
 
@@ -198,15 +220,17 @@ def quantize_mxfp8_attn(x, *, layout: str = "bshd", rounding: str = "rceil"):
 
 
 def flash_attn_mxfp8_quantized(q, k, v, softmax_scale=None, causal: bool = False, *, layout: str = "bshd",
-                               rounding: str = "rceil"):
+                               rounding: str = "rceil", precision: str = "exact"):
     """Attention of float32 / float16 / bfloat16 q, k, v in one call: each quantized with
     quantize_mxfp8_attn (``layout`` "bshd" or "bhsd"; for varlen inputs call quantize_mxfp8_attn
-    with layout="thd" and flash_attn_mxfp8_varlen_func), then flash_attn_mxfp8_func. Returns ``(out, lse)`` with out
-    [b, s_q, h, d] bfloat16 (for "bhsd" inputs too) and lse [b, h, s_q]."""
+    with layout="thd" and flash_attn_mxfp8_varlen_func), then flash_attn_mxfp8_func (``precision``
+    as there). Returns ``(out, lse)`` with out [b, s_q, h, d] bfloat16 (for "bhsd" inputs too) and
+    lse [b, h, s_q]."""
     op = "flash_attn_mxfp8_quantized"
     if layout not in ("bshd", "bhsd"):
         _fail(op, "layout", f"expected 'bshd' or 'bhsd', got {layout!r}")
+    _precision(op, precision)
     qc, qs = quantize_mxfp8_attn(q, layout=layout, rounding=rounding)
     kc, ks = quantize_mxfp8_attn(k, layout=layout, rounding=rounding)
     vc, vs = quantize_mxfp8_attn(v, layout=layout, rounding=rounding)
-    return flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, softmax_scale, causal)
+    return flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, softmax_scale, causal, precision)

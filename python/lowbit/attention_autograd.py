@@ -1,7 +1,8 @@
 """The MXFP8 flash-attention forward with a backward, for training and fine-tuning (torch only;
 docs/attention.md "Training").
 
-    out = lowbit.flash_attn_mxfp8_autograd(q, k, v, softmax_scale=None, causal=False, rounding="rceil")
+    out = lowbit.flash_attn_mxfp8_autograd(q, k, v, softmax_scale=None, causal=False, rounding="rceil",
+                                           precision="exact")
 
 q [b, s_q, h, d], k and v [b, s_k, h_kv, d], float32 / float16 / bfloat16 torch tensors, d in
 {64, 128, 256}, h % h_kv == 0. Forward: q, k and v are quantized to MXFP8 (torch.ops.lowbit.
@@ -77,11 +78,11 @@ def _attention_backward(qd, kd, vd, out, lse, dout, scale: float, causal: bool, 
 
 class _Mxfp8Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale: Optional[float], causal: bool, rounding: str):
+    def forward(ctx, q, k, v, softmax_scale: Optional[float], causal: bool, rounding: str, precision: str):
         qc, qs = torch.ops.lowbit.quantize_mxfp8_attn(q, "bshd", rounding)
         kc, ks = torch.ops.lowbit.quantize_mxfp8_attn(k, "bshd", rounding)
         vc, vs = torch.ops.lowbit.quantize_mxfp8_attn(v, "bshd", rounding)
-        out, lse = torch.ops.lowbit.flash_attn_mxfp8(qc, kc, vc, qs, ks, vs, softmax_scale, causal)
+        out, lse = torch.ops.lowbit.flash_attn_mxfp8(qc, kc, vc, qs, ks, vs, softmax_scale, causal, precision)
         ctx.save_for_backward(qc, qs, kc, ks, vc, vs, out, lse)
         ctx.scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
         ctx.causal = causal
@@ -94,16 +95,17 @@ class _Mxfp8Attention(torch.autograd.Function):
         qc, qs, kc, ks, vc, vs, out, lse = ctx.saved_tensors
         qd, kd, vd = (_dequantize(c, s) for c, s in ((qc, qs), (kc, ks), (vc, vs)))
         dq, dk, dv = _attention_backward(qd, kd, vd, out, lse, dout, ctx.scale, ctx.causal)
-        return dq.to(ctx.dtypes[0]), dk.to(ctx.dtypes[1]), dv.to(ctx.dtypes[2]), None, None, None
+        return dq.to(ctx.dtypes[0]), dk.to(ctx.dtypes[1]), dv.to(ctx.dtypes[2]), None, None, None, None
 
 
 def flash_attn_mxfp8_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
-                              causal: bool = False, rounding: str = "rceil") -> torch.Tensor:
+                              causal: bool = False, rounding: str = "rceil", precision: str = "exact") -> torch.Tensor:
     """MXFP8 attention of float q, k, v with a bf16 backward (module docstring): returns out
-    [b, s_q, h, d] bfloat16. ``softmax_scale`` None: 1/sqrt(d). Arguments are checked by the
-    quantize and attention ops, which name them."""
+    [b, s_q, h, d] bfloat16. ``softmax_scale`` None: 1/sqrt(d). ``precision`` chooses the forward
+    ("exact" or "fp8", as flash_attn_mxfp8_func); the backward is the same for both. Arguments are
+    checked by the quantize and attention ops, which name them."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         bad = next(n for n, t in (("q", q), ("k", k), ("v", v)) if not isinstance(t, torch.Tensor))
         raise ValueError(f"flash_attn_mxfp8_autograd: argument '{bad}': expected a torch tensor")
-    out, _ = _Mxfp8Attention.apply(q, k, v, softmax_scale, bool(causal), rounding)
+    out, _ = _Mxfp8Attention.apply(q, k, v, softmax_scale, bool(causal), rounding, precision)
     return out

@@ -18,9 +18,10 @@ Importing this module registers (torch >= 2.4):
     torch.ops.lowbit.block_scale_interleave(scales) -> scales_128x4
     torch.ops.lowbit.block_scale_deinterleave(scales, rows, cols) -> scales_row_major
     torch.ops.lowbit.flash_attn_mxfp8(q, k, v, q_scale, k_scale, v_scale, softmax_scale=None,
-                                      causal=False) -> (out, lse)
+                                      causal=False, precision="exact") -> (out, lse)
     torch.ops.lowbit.flash_attn_mxfp8_varlen(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q,
-        cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=False) -> (out, lse)
+        cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=False,
+        precision="exact") -> (out, lse)
     torch.ops.lowbit.quantize_mxfp8_attn(x, layout="bshd", rounding="rceil") -> (codes, scales)
     torch.ops.lowbit.attn_forward_decode_nf4(q, k_nf4, k_scale, k_residual, v, seq_lens=None,
         precomputed_threshold=None, block_size=64, sub_block_size=16, delta=8.0,
@@ -228,12 +229,13 @@ def _(scales, rows, cols):
 
 @torch.library.custom_op("lowbit::flash_attn_mxfp8", mutates_args=())
 def flash_attn_mxfp8(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor, k_scale: Tensor, v_scale: Tensor,
-                     softmax_scale: Optional[float] = None, causal: bool = False) -> Tuple[Tensor, Tensor]:
-    return _attn.flash_attn_mxfp8_func(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal)
+                     softmax_scale: Optional[float] = None, causal: bool = False,
+                     precision: str = "exact") -> Tuple[Tensor, Tensor]:
+    return _attn.flash_attn_mxfp8_func(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, precision)
 
 
 @flash_attn_mxfp8.register_fake
-def _(q, k, v, q_scale, k_scale, v_scale, softmax_scale=None, causal=False):
+def _(q, k, v, q_scale, k_scale, v_scale, softmax_scale=None, causal=False, precision="exact"):
     b, s, h, d = q.shape
     return q.new_empty((b, s, h, d), dtype=torch.bfloat16), q.new_empty((b, h, s), dtype=torch.float32)
 
@@ -241,14 +243,15 @@ def _(q, k, v, q_scale, k_scale, v_scale, softmax_scale=None, causal=False):
 @torch.library.custom_op("lowbit::flash_attn_mxfp8_varlen", mutates_args=())
 def flash_attn_mxfp8_varlen(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor, k_scale: Tensor, v_scale: Tensor,
                             cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                            softmax_scale: Optional[float] = None, causal: bool = False) -> Tuple[Tensor, Tensor]:
+                            softmax_scale: Optional[float] = None, causal: bool = False,
+                            precision: str = "exact") -> Tuple[Tensor, Tensor]:
     return _attn.flash_attn_mxfp8_varlen_func(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k,
-                                              max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+                                              max_seqlen_q, max_seqlen_k, softmax_scale, causal, precision)
 
 
 @flash_attn_mxfp8_varlen.register_fake
 def _(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-      causal=False):
+      causal=False, precision="exact"):
     t, h, d = q.shape
     return q.new_empty((t, h, d), dtype=torch.bfloat16), q.new_empty((h, t), dtype=torch.float32)
 

@@ -95,6 +95,9 @@ NB_MODULE(_C, m) {
   nb::enum_<lowbit::GemmPrecision>(m, "GemmPrecision")
       .value("exact", lowbit::GemmPrecision::kExact)
       .value("fp8", lowbit::GemmPrecision::kFp8TensorCores);
+  nb::enum_<lowbit::AttnPrecision>(m, "AttnPrecision")
+      .value("exact", lowbit::AttnPrecision::kExact)
+      .value("fp8", lowbit::AttnPrecision::kFp8);
 
   // --- format descriptors ---------------------------------------------------------------------
   // BlockFormat and ScaleLayout are bound as immutable values (fields read-only). Every function

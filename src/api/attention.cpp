@@ -39,7 +39,13 @@ void check_heads(const Checker& c, int64_t h, int64_t h_kv) {
                     std::to_string(h_kv));
 }
 
-/// 1 / sqrt(d) for NaN (the default); otherwise the value, which must be finite and > 0.
+/// args.precision: one of the AttnPrecision values (true when it asks for the FP8 path).
+bool resolve_precision(const Checker& c, AttnPrecision prec) {
+  if (prec != AttnPrecision::kExact && prec != AttnPrecision::kFp8)
+    c.fail("precision", "expected AttnPrecision::kExact or kFp8, got " + std::to_string(int(prec)));
+  return prec == AttnPrecision::kFp8;
+}
+
 /// CUDA: the kernel loads Q, K and V tiles with TMA, which needs a 16-byte aligned base address
 /// and strides (bytes) that are multiples of 16 on every dimension of size > 1 but the last.
 void require_tma_aligned(const Checker& c, const TensorView& t, const char* arg) {
@@ -79,7 +85,10 @@ void run(Checker& c, const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x, const Tenso
   }
   c.no_overlap({{"out", &out}, {"lse", &lse}}, ins);
   if (c.dev == Device::kCPU) {
-    ref::flash_attn_mxfp8(p, x);
+    if (p.fp8)
+      ref::flash_attn_mxfp8_fp8(p, x);
+    else
+      ref::flash_attn_mxfp8(p, x);
     return;
   }
   if (kBuiltSm90Gemm) {
@@ -95,7 +104,10 @@ void run(Checker& c, const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x, const Tenso
              "the CUDA kernel takes at most 65535 sequences, got " + std::to_string(p.batch));
   }
   const bool empty = p.batch == 0 || (p.varlen && p.total_q == 0);
-  run_on_device<Kernels::kSm90Gemm>(c, [&] { return empty ? 0 : cuda::attn_mxfp8_fwd(p, x, stream.handle); });
+  run_on_device<Kernels::kSm90Gemm>(c, [&] {
+    if (empty) return 0;
+    return p.fp8 ? cuda::attn_mxfp8_fp8_fwd(p, x, stream.handle) : cuda::attn_mxfp8_fwd(p, x, stream.handle);
+  });
 }
 
 }  // namespace
@@ -130,6 +142,7 @@ void flash_attn_mxfp8(const TensorView& q, const TensorView& k, const TensorView
   p.head_dim = D;
   p.causal = args.causal;
   p.softmax_scale = resolve_softmax_scale(c, args.softmax_scale, D, "d");
+  p.fp8 = resolve_precision(c, args.precision);
   for (int i = 0; i < 3; ++i) {
     p.q_stride[i] = q.strides[i];
     p.k_stride[i] = k.strides[i];
@@ -186,6 +199,7 @@ void flash_attn_mxfp8_varlen(const TensorView& q, const TensorView& k, const Ten
   p.head_dim = D;
   p.causal = args.causal;
   p.softmax_scale = resolve_softmax_scale(c, args.softmax_scale, D, "d");
+  p.fp8 = resolve_precision(c, args.precision);
   p.varlen = true;
   p.total_q = TQ;
   p.total_k = TK;

@@ -24,6 +24,9 @@ struct AttnMxfp8Plan {
   int64_t head_dim = 0;   ///< d in {64, 128, 256}
   bool causal = false;
   float softmax_scale = 0.f;  ///< already resolved (default 1/sqrt(d))
+  /// AttnPrecision::kFp8: the FP8 tensor-core path (CUDA) / its arithmetic model (CPU,
+  /// ref::flash_attn_mxfp8_fp8); otherwise the exact path and the fp64 reference.
+  bool fp8 = false;
 
   /// Varlen: sequence b of the packed batch holds rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] of q
   /// (and out, lse, q_scale), cu_seqlens_k likewise for k, v and their scales. int32, batch + 1

@@ -100,4 +100,123 @@ void flash_attn_mxfp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
   });
 }
 
+double round_e4m3(double x) {
+  if (std::isnan(x) || x == 0) return x;
+  int e = 0;
+  (void)std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+  const double q = std::ldexp(1.0, std::max(e, -5) - 4);  // 3 mantissa bits; subnormal step 2^-9
+  return std::nearbyint(x / q) * q;  // x / q exact (power of two); nearbyint: nearest even
+}
+
+namespace {
+
+constexpr int kNoScale = -1;  // a block with no finite scale
+
+/// The largest finite scale byte of every 32-channel block over rows r0 .. r0 + n of one head
+/// (127 where a block has none).
+std::vector<int> block_maxima(const uint8_t* scales, const int64_t* ss, int64_t b, int64_t head, int64_t r0, int64_t n,
+                              int64_t blocks) {
+  std::vector<int> m(size_t(blocks), kNoScale);
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* s = scales + b * ss[0] + head * ss[1] + (r0 + r) * ss[2];
+    for (int64_t i = 0; i < blocks; ++i)
+      if (s[i] != 255) m[size_t(i)] = std::max(m[size_t(i)], int(s[i]));
+  }
+  for (int& v : m) v = v == kNoScale ? 127 : v;
+  return m;
+}
+
+/// E4M3 operand rows re-rounded against per-block references: dst[r, c] = e4m3(code *
+/// 2^(scale[r, c/32] + add[c/32] - ref_r)), ref_r = ref(r) (NaN for scale 255 or a NaN code).
+template <class Ref>
+void load_rows_fp8(const uint8_t* codes, const int64_t* cs, const uint8_t* scales, const int64_t* ss, int64_t b,
+                   int64_t head, int64_t r0, int64_t n, int64_t d, const std::vector<int>& add, Ref ref, double* dst) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* c = codes + b * cs[0] + (r0 + r) * cs[1] + head * cs[2];
+    const uint8_t* s = scales + b * ss[0] + head * ss[1] + (r0 + r) * ss[2];
+    const int rr = ref(s);
+    for (int64_t i = 0; i < d; ++i) {
+      const int sc = s[i / 32];
+      dst[r * d + i] = sc == 255 ? nan
+                                 : round_e4m3(double(decode_e4m3(c[i])) * std::ldexp(1.0, sc + add[size_t(i / 32)] - rr));
+    }
+  }
+}
+
+}  // namespace
+
+void flash_attn_mxfp8_fp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
+  const int64_t d = p.head_dim, group = p.heads / p.heads_kv, blocks = d / 32;
+  const double scale_log2 = double(p.softmax_scale) * 1.4426950408889634;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  parallel_for(p.batch * p.heads, [&](int64_t bh) {
+    const int64_t b = bh / p.heads, h = bh % p.heads, hk = h / group;
+    int64_t q0 = 0, k0 = 0, sq = p.seqlen_q, sk = p.seqlen_k;
+    if (p.varlen) {
+      q0 = p.cu_seqlens_q[b];
+      k0 = p.cu_seqlens_k[b];
+      sq = p.cu_seqlens_q[b + 1] - q0;
+      sk = p.cu_seqlens_k[b + 1] - k0;
+    }
+    const size_t nk = size_t(sk), nd = size_t(d);
+    const std::vector<int> ak = block_maxima(x.k_scale, p.ks_stride, b, hk, k0, sk, blocks);
+    const std::vector<int> av = block_maxima(x.v_scale, p.vs_stride, b, hk, k0, sk, blocks);
+    std::vector<double> K(nk * nd), V(nk * nd), q(nd), s(nk), o(nd);
+    // K' = e4m3(k code * 2^(k_scale - Ak)), V' likewise: per-block references, no per-row one
+    std::vector<int> neg_ak(ak.size()), neg_av(av.size());
+    for (size_t i = 0; i < ak.size(); ++i) neg_ak[i] = -ak[i];
+    for (size_t i = 0; i < av.size(); ++i) neg_av[i] = -av[i];
+    auto no_row_ref = [](const uint8_t*) { return 0; };
+    load_rows_fp8(x.k, p.k_stride, x.k_scale, p.ks_stride, b, hk, k0, sk, d, neg_ak, no_row_ref, K.data());
+    load_rows_fp8(x.v, p.v_stride, x.v_scale, p.vs_stride, b, hk, k0, sk, d, neg_av, no_row_ref, V.data());
+    // R_i = max over finite blocks of q_scale + Ak (254 where the row has none)
+    auto q_ref = [&](const uint8_t* sc) {
+      int r = kNoScale;
+      for (int64_t i = 0; i < blocks; ++i)
+        if (sc[i] != 255) r = std::max(r, int(sc[i]) + ak[size_t(i)]);
+      return r == kNoScale ? 254 : r;
+    };
+    for (int64_t i = 0; i < sq; ++i) {
+      uint16_t* out = x.out + b * p.o_stride[0] + (q0 + i) * p.o_stride[1] + h * p.o_stride[2];
+      float* lse = x.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + (q0 + i) * p.lse_stride[2];
+      const int64_t n = p.causal ? std::max<int64_t>(0, std::min<int64_t>(sk, i + sk - sq + 1)) : sk;
+      if (n == 0) {
+        for (int64_t c = 0; c < d; ++c) out[c] = 0;  // +0.0
+        *lse = -std::numeric_limits<float>::infinity();
+        continue;
+      }
+      load_rows_fp8(x.q, p.q_stride, x.q_scale, p.qs_stride, b, h, q0 + i, 1, d, ak, q_ref, q.data());
+      const uint8_t* qsc = x.q_scale + b * p.qs_stride[0] + h * p.qs_stride[1] + (q0 + i) * p.qs_stride[2];
+      const double rf = scale_log2 * std::ldexp(1.0, q_ref(qsc) - 254);
+      double m = -std::numeric_limits<double>::infinity();
+      bool has_nan = false;
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        const double* kj = &K[size_t(j * d)];
+        for (int64_t c = 0; c < d; ++c) acc += q[size_t(c)] * kj[c];
+        s[size_t(j)] = rf * acc;  // base 2
+        has_nan = has_nan || std::isnan(s[size_t(j)]);
+        m = std::max(m, s[size_t(j)]);
+      }
+      if (has_nan) {
+        for (int64_t c = 0; c < d; ++c) out[c] = bf16_from_double(nan);
+        *lse = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      double l = 0;
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int64_t j = 0; j < n; ++j) {
+        const double pj = std::exp2(8.0 + s[size_t(j)] - m);  // <= 256
+        l += pj;
+        const double p8 = round_e4m3(pj);
+        const double* vj = &V[size_t(j * d)];
+        for (int64_t c = 0; c < d; ++c) o[size_t(c)] += p8 * vj[c];  // a NaN v'[j, c] stays NaN (0 * NaN too)
+      }
+      for (int64_t c = 0; c < d; ++c) out[c] = bf16_from_double(o[size_t(c)] * std::ldexp(1.0, av[size_t(c / 32)] - 127) / l);
+      *lse = float((m + std::log2(l) - 8.0) * 0.69314718055994531);
+    }
+  });
+}
+
 }  // namespace lowbit::ref

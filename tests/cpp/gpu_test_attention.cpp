@@ -9,7 +9,9 @@
 // the kernel rounds it (kKernelPE4M3). Outputs are poisoned with 0xFF bytes (NaN) first; rows
 // that see no key must read exactly out 0, lse -inf. Random MXFP8 operands with per-row and
 // per-block scale exponents up to +-40 (values stay finite). The full sweep lives in
-// tests/python/test_attention.py; this is a subset of its shapes.
+// tests/python/test_attention_gpu.py; this is a subset of its shapes. Each test runs for the
+// default exact path (GpuAttention.*, P in bf16) and the opt-in FP8 tensor-core path
+// (GpuAttentionFp8.*, AttnPrecision::kFp8: P in E4M3, O_pt rounds P to E4M3 too).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -52,7 +54,7 @@ struct GpuOut {
   std::vector<float> lse;
 };
 
-GpuOut run_gpu(const Data& x, float scale) {
+GpuOut run_gpu(const Data& x, float scale, AttnPrecision prec = AttnPrecision::kExact) {
   const Shape& s = x.s;
   Dev<uint8_t> q(x.q), k(x.k), v(x.v), qs(x.qs), ks(x.ks), vs(x.vs);
   Dev<uint16_t> o(x.q.size());
@@ -62,6 +64,7 @@ GpuOut run_gpu(const Data& x, float scale) {
   AttnArgs a;
   a.softmax_scale = scale;
   a.causal = s.causal;
+  a.precision = prec;
   flash_attn_mxfp8(dev_view(q.p, DType::kE4M3, {s.b, s.sq, s.h, s.d}), dev_view(k.p, DType::kE4M3, {s.b, s.sk, s.hk, s.d}),
                    dev_view(v.p, DType::kE4M3, {s.b, s.sk, s.hk, s.d}),
                    dev_view(qs.p, DType::kUE8M0, {s.b, s.h, s.sq, s.d / 32}),
@@ -72,9 +75,10 @@ GpuOut run_gpu(const Data& x, float scale) {
   return {o.get(), lse.get()};
 }
 
-/// The accuracy rule over one problem; `what` names it in failures.
-void check_rule(const Data& x, const GpuOut& g, double scale, const std::string& what) {
-  const attntest::Result ref = attntest::naive(x, scale), pt = attntest::low_precision(x, scale, kKernelPE4M3);
+/// The accuracy rule over one problem; `what` names it in failures. p_e4m3: the path rounds P to
+/// E4M3 (the FP8 path), and so does O_pt.
+void check_rule(const Data& x, const GpuOut& g, double scale, const std::string& what, bool p_e4m3 = kKernelPE4M3) {
+  const attntest::Result ref = attntest::naive(x, scale), pt = attntest::low_precision(x, scale, p_e4m3);
   // the rule per 32-channel block of the head dimension (the blocks' magnitudes differ by up to
   // 2^80 when the V scales are spread: one maximum over all of them would hide the small ones)
   const int64_t d = x.s.d, nb = d / 32;
@@ -119,8 +123,8 @@ std::string name(const Shape& s) {
   return buf;
 }
 
-TEST(GpuAttention, FixedLengthSweep) {
-  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+void fixed_length_sweep(AttnPrecision prec) {
+  const bool fp8 = prec == AttnPrecision::kFp8;
   const std::pair<int64_t, int64_t> lens[] = {{1, 239}, {3, 799}, {113, 203}, {128, 217}, {108, 256}, {799, 3}, {1024, 1023}};
   const std::pair<int64_t, int64_t> heads[] = {{1, 1}, {4, 1}, {8, 2}};
   uint64_t seed = 1000;
@@ -132,19 +136,39 @@ TEST(GpuAttention, FixedLengthSweep) {
         const Shape s{sq * sk > 100000 ? 1 : 2, sq, sk, h, hk, d, causal};
         const Data x = attntest::make_data(s, seed++, n % 2 ? 40 : 0);
         const double scale = 1.0 / std::sqrt(double(d));
-        check_rule(x, run_gpu(x, float(scale)), scale, name(s));
+        check_rule(x, run_gpu(x, float(scale), prec), scale, name(s) + (fp8 ? " fp8" : ""), fp8 || kKernelPE4M3);
       }
+}
+
+TEST(GpuAttention, FixedLengthSweep) {
+  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  fixed_length_sweep(AttnPrecision::kExact);
+}
+
+TEST(GpuAttentionFp8, FixedLengthSweep) {
+  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  fixed_length_sweep(AttnPrecision::kFp8);
+}
+
+void softmax_scale_and_mqa(AttnPrecision prec) {
+  const bool fp8 = prec == AttnPrecision::kFp8;
+  const Shape s{1, 127, 512, 8, 1, 128, true};
+  const Data x = attntest::make_data(s, 7, 10);
+  check_rule(x, run_gpu(x, 0.05f, prec), double(0.05f), name(s) + " scale 0.05", fp8 || kKernelPE4M3);
 }
 
 TEST(GpuAttention, SoftmaxScaleAndMqa) {
   if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
-  const Shape s{1, 127, 512, 8, 1, 128, true};
-  const Data x = attntest::make_data(s, 7, 10);
-  check_rule(x, run_gpu(x, 0.05f), double(0.05f), name(s) + " scale 0.05");
+  softmax_scale_and_mqa(AttnPrecision::kExact);
 }
 
-TEST(GpuAttention, Varlen) {
+TEST(GpuAttentionFp8, SoftmaxScaleAndMqa) {
   if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  softmax_scale_and_mqa(AttnPrecision::kFp8);
+}
+
+void varlen(AttnPrecision prec) {
+  const bool fp8 = prec == AttnPrecision::kFp8;
   const int64_t h = 4, hk = 2, d = 128;
   const std::vector<int64_t> lq = {1, 300, 129, 2048, 17}, lk = {5, 300, 1000, 2048, 1};
   for (bool causal : {false, true}) {
@@ -178,6 +202,7 @@ TEST(GpuAttention, Varlen) {
     cudaMemset(lse.p, 0xFF, lse.n * 4);
     AttnArgs a;
     a.causal = causal;
+    a.precision = prec;
     flash_attn_mxfp8_varlen(dev_view(dq.p, DType::kE4M3, {TQ, h, d}), dev_view(dk.p, DType::kE4M3, {TK, hk, d}),
                             dev_view(dv.p, DType::kE4M3, {TK, hk, d}), dev_view(dqs.p, DType::kUE8M0, {h, TQ, d / 32}),
                             dev_view(dks.p, DType::kUE8M0, {hk, TK, d / 32}),
@@ -193,9 +218,20 @@ TEST(GpuAttention, Varlen) {
       g.o.assign(ho.begin() + cq[b] * h * d, ho.begin() + cq[b + 1] * h * d);
       for (int64_t hh = 0; hh < h; ++hh)
         g.lse.insert(g.lse.end(), hl.begin() + hh * TQ + cq[b], hl.begin() + hh * TQ + cq[b + 1]);
-      check_rule(seqs[b], g, 1.0 / std::sqrt(double(d)), "varlen " + name(seqs[b].s));
+      check_rule(seqs[b], g, 1.0 / std::sqrt(double(d)), "varlen " + name(seqs[b].s) + (fp8 ? " fp8" : ""),
+                 fp8 || kKernelPE4M3);
     }
   }
+}
+
+TEST(GpuAttention, Varlen) {
+  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  varlen(AttnPrecision::kExact);
+}
+
+TEST(GpuAttentionFp8, Varlen) {
+  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  varlen(AttnPrecision::kFp8);
 }
 
 /// The NaN pattern of one head: rows where nan_row(i) holds are NaN in lse and every channel; other
@@ -215,34 +251,52 @@ void expect_nan_pattern(const Shape& s, const Data& x, const GpuOut& g, Row nan_
   }
 }
 
-TEST(GpuAttention, NaNRules) {
-  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+void nan_rules(AttnPrecision prec) {
   // q row 5 NaN scale, key 40 NaN code, v[70, 3] NaN code; causal 200 x 200, one head
   const Shape s{1, 200, 200, 1, 1, 64, true};
   Data x = attntest::make_data(s, 77, 0);
   x.qs[x.iqs(0, 0, 5, 0)] = 255;
   x.k[x.ik(0, 40, 0, 9)] = 0x7F;
   x.v[x.ik(0, 70, 0, 3)] = 0xFF;
-  const GpuOut g = run_gpu(x, 0.125f);
+  const GpuOut g = run_gpu(x, 0.125f, prec);
   // out[i, 3] for i < 70: NaN allowed (rows of the key tile that holds key 70; docs/attention.md)
   expect_nan_pattern(
       s, x, g, [](int64_t i) { return i == 5 || i >= 40; }, [](int64_t, int64_t) { return false; },
       [](int64_t, int64_t c) { return c == 3; });
 }
 
-TEST(GpuAttention, NaNScaleBytes) {
+TEST(GpuAttention, NaNRules) {
   if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  nan_rules(AttnPrecision::kExact);
+}
+
+TEST(GpuAttentionFp8, NaNRules) {
+  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  nan_rules(AttnPrecision::kFp8);
+}
+
+void nan_scale_bytes(AttnPrecision prec) {
   // q row 5 a NaN code, key 40 a NaN scale byte (channels 32..63), v[170, 0..31] a NaN scale byte
   const Shape s{1, 300, 300, 1, 1, 64, true};
   Data x = attntest::make_data(s, 78, 0);
   x.q[x.iq(0, 5, 0, 33)] = 0x7F;
   x.ks[x.iks(0, 0, 40, 32)] = 255;
   x.vs[x.iks(0, 0, 170, 0)] = 255;
-  const GpuOut g = run_gpu(x, 0.125f);
-  // rows 128..169 share key 170's tile: NaN allowed in channels 0..31
+  const GpuOut g = run_gpu(x, 0.125f, prec);
+  // rows 128..169 share key 170's tile (128 keys at d = 64 on both paths): NaN allowed in channels 0..31
   expect_nan_pattern(
       s, x, g, [](int64_t i) { return i == 5 || i >= 40; }, [](int64_t i, int64_t c) { return i >= 170 && c < 32; },
       [](int64_t i, int64_t c) { return c < 32 && i >= 128; });
+}
+
+TEST(GpuAttention, NaNScaleBytes) {
+  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  nan_scale_bytes(AttnPrecision::kExact);
+}
+
+TEST(GpuAttentionFp8, NaNScaleBytes) {
+  if (!have_kernel()) GTEST_SKIP() << "no CUDA device or no sm_90a attention kernel in this build";
+  nan_scale_bytes(AttnPrecision::kFp8);
 }
 
 TEST(GpuAttention, MisalignedCodesAreRefused) {

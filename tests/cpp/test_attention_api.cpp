@@ -151,6 +151,11 @@ TEST(AttentionApi, FixedLengthArguments) {
     a.softmax_scale = s;
     expect_arg_error(b.fixed("", TV(), a), kOp, "softmax_scale", b, "finite value > 0");
   }
+  {
+    AttnArgs a;
+    a.precision = static_cast<AttnPrecision>(7);
+    expect_arg_error(b.fixed("", TV(), a), kOp, "precision", b, "kExact or kFp8");
+  }
   // device mismatch (a CUDA view among CPU tensors): named before anything runs
   expect_arg_error(b.fixed("v", TV(b.v.data(), DType::kE4M3, {B, SK, HK, 64}, Device::kCUDA)), kOp, "v", b,
                    "same device");
@@ -193,6 +198,24 @@ TEST(AttentionApi, VarlenArguments) {
                    "cu_seqlens_k", b, "same device");
 }
 
+TEST(AttentionApi, PrecisionSelectsTheCpuModel) {
+  // CPU tensors: kExact (the default) runs the fp64 reference, kFp8 the FP8 path's model (P
+  // rounded to E4M3): both write every output; on this data (non-uniform scores) they differ.
+  Bufs e, f;
+  for (Bufs* b : {&e, &f}) {
+    for (size_t i = 0; i < b->q.size(); ++i) b->q[i] = uint8_t(0x30 + (i * 7) % 23);
+    for (size_t i = 0; i < b->k.size(); ++i) b->k[i] = uint8_t(0x28 + (i * 5) % 31);
+    for (size_t i = 0; i < b->v.size(); ++i) b->v[i] = uint8_t(0xB0 + (i * 3) % 29);
+  }
+  e.fixed("", {})();
+  AttnArgs a;
+  a.precision = AttnPrecision::kFp8;
+  f.fixed("", {}, a)();
+  EXPECT_FALSE(untouched(e));
+  EXPECT_FALSE(untouched(f));
+  EXPECT_NE(std::memcmp(e.out.data(), f.out.data(), size_t(Bufs::B * Bufs::SQ * Bufs::H * Bufs::D * 2)), 0);
+}
+
 TEST(AttentionApi, CudaTensorsWithoutKernels) {
   if (build_info().cuda_built) GTEST_SKIP() << "CUDA build";
   Bufs b;
@@ -202,6 +225,14 @@ TEST(AttentionApi, CudaTensorsWithoutKernels) {
   };
   try {
     flash_attn_mxfp8(cu(b.qv()), cu(b.kv()), cu(b.vv()), cu(b.qsv()), cu(b.ksv()), cu(b.vsv()), cu(b.ov()), cu(b.lv()));
+    ADD_FAILURE() << "expected NotSupportedError";
+  } catch (const NotSupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find(kOp), std::string::npos) << e.what();
+  }
+  try {
+    AttnArgs a;
+    a.precision = AttnPrecision::kFp8;
+    flash_attn_mxfp8(cu(b.qv()), cu(b.kv()), cu(b.vv()), cu(b.qsv()), cu(b.ksv()), cu(b.vsv()), cu(b.ov()), cu(b.lv()), a);
     ADD_FAILURE() << "expected NotSupportedError";
   } catch (const NotSupportedError& e) {
     EXPECT_NE(std::string(e.what()).find(kOp), std::string::npos) << e.what();

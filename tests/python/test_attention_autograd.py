@@ -94,3 +94,16 @@ def test_torch_compile_traces_it():
     out2.float().sum().backward()
     assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
     assert torch.equal(q.grad, q2.grad) and torch.equal(v.grad, v2.grad)
+
+
+def test_fp8_forward():
+    # precision="fp8": the forward is flash_attn_mxfp8_quantized(precision="fp8") bit for bit, the
+    # backward the same as the exact forward's (the gradient at the dequantized inputs)
+    q, k, v = _inputs(1, 12, 20, 2, 1, 64, seed=6)
+    out = lowbit.flash_attn_mxfp8_autograd(q, k, v, causal=True, precision="fp8")
+    want, _ = lowbit.flash_attn_mxfp8_quantized(q.detach(), k.detach(), v.detach(), causal=True, precision="fp8")
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    out.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all() and k.grad.shape == k.shape
+    with pytest.raises(ValueError, match="argument 'precision'"):
+        lowbit.flash_attn_mxfp8_autograd(q.detach(), k.detach(), v.detach(), precision="int8")

@@ -1,5 +1,7 @@
 """MXFP8 flash attention on the GPU (lowbit.flash_attn_mxfp8_func, the varlen form,
-quantize_mxfp8_attn and the lowbit:: torch ops); the CPU tests are in test_attention.py.
+quantize_mxfp8_attn and the lowbit:: torch ops), for the default exact path and the opt-in FP8
+tensor-core path (precision="fp8": P rounded to E4M3, so O_pt rounds P to E4M3 too); the CPU
+tests are in test_attention.py and test_attention_fp8.py.
 
 Marked gpu; skipped without torch + CUDA + a CUDA build): FlashAttention-3's accuracy rule
 over the shape sweep, applied per 32-channel block of the head dimension:
@@ -19,7 +21,8 @@ import pytest
 
 import lowbit
 
-from attention_common import KERNEL_P_DTYPE, KERNEL_BLOCK_M, KERNEL_BLOCK_N
+from attention_common import (FP8_P_DTYPE, KERNEL_BLOCK_M, KERNEL_BLOCK_N, KERNEL_P_DTYPE, assert_close,
+                              exact_fp8_inputs, fp8_block_n, np_base2_reference)
 
 # ---------------------------------------------------------------------------------------------
 # GPU: the accuracy rule, torch ops, CUDA graphs
@@ -122,22 +125,28 @@ def _sweep():
     return cases
 
 
+PRECISIONS = [("exact", KERNEL_P_DTYPE), ("fp8", FP8_P_DTYPE)]  # (precision, the P rounding of its O_pt)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision, p_dtype", PRECISIONS, ids=["exact", "fp8"])
 @pytest.mark.parametrize("sq, sk, d, h, hk, causal, spread", _sweep())
-def test_gpu_accuracy_rule(sq, sk, d, h, hk, causal, spread):
+def test_gpu_accuracy_rule(sq, sk, d, h, hk, causal, spread, precision, p_dtype):
     b = 1 if sq * sk >= 1 << 20 else 2
     seed = sq * 7919 + sk * 31 + d + h + causal
     q, k, v, qs, ks, vs = t_inputs(b, sq, sk, h, hk, d, seed, spread)
-    out, lse = lowbit.flash_attn_mxfp8_func(q, k, v, qs, ks, vs, causal=causal)
+    out, lse = lowbit.flash_attn_mxfp8_func(q, k, v, qs, ks, vs, causal=causal, precision=precision)
     assert out.dtype == _torch().bfloat16 and out.shape == (b, sq, h, d) and lse.shape == (b, h, sq)
-    o_ref, lse_ref, o_pt = t_references(q, k, v, qs, ks, vs, 1 / math.sqrt(d), causal)
-    check_rule(out, lse, o_ref, lse_ref, o_pt, f"b{b} sq{sq} sk{sk} d{d} h{h}/{hk} causal={causal} spread={spread}")
+    o_ref, lse_ref, o_pt = t_references(q, k, v, qs, ks, vs, 1 / math.sqrt(d), causal, p_dtype)
+    check_rule(out, lse, o_ref, lse_ref, o_pt,
+               f"{precision}: b{b} sq{sq} sk{sk} d{d} h{h}/{hk} causal={causal} spread={spread}")
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision, p_dtype", PRECISIONS, ids=["exact", "fp8"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_varlen(d, causal):
+def test_gpu_varlen(d, causal, precision, p_dtype):
     torch = _torch()
     h, hk = 8, 2
     rng = np.random.default_rng(d + causal)
@@ -152,22 +161,28 @@ def test_gpu_varlen(d, causal):
     qs = torch.cat([s[3][0] for s in seqs], 1)
     ks = torch.cat([s[4][0] for s in seqs], 1)
     vs = torch.cat([s[5][0] for s in seqs], 1)
-    out, lse = lowbit.flash_attn_mxfp8_varlen_func(q, k, v, qs, ks, vs, cq, ck, max(lq), max(lk), causal=causal)
+    out, lse = lowbit.flash_attn_mxfp8_varlen_func(q, k, v, qs, ks, vs, cq, ck, max(lq), max(lk), causal=causal,
+                                                   precision=precision)
     for i, s in enumerate(seqs):
         a, b_ = int(cq[i]), int(cq[i + 1])
-        o_ref, lse_ref, o_pt = t_references(*s, 1 / math.sqrt(d), causal)
-        check_rule(out[a:b_][None], lse[:, a:b_][None], o_ref, lse_ref, o_pt, f"varlen seq {i} ({lq[i]}, {lk[i]})")
+        o_ref, lse_ref, o_pt = t_references(*s, 1 / math.sqrt(d), causal, p_dtype)
+        check_rule(out[a:b_][None], lse[:, a:b_][None], o_ref, lse_ref, o_pt,
+                   f"{precision}: varlen seq {i} ({lq[i]}, {lk[i]})")
 
 
 @pytest.mark.gpu
-def test_gpu_extreme_exponents():
+@pytest.mark.parametrize("precision, p_dtype", PRECISIONS, ids=["exact", "fp8"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_extreme_exponents(d, precision, p_dtype):
     # q / k blocks at 2^+-55 (compensated), V blocks 2^-55 .. 2^+55 apart (+-2 per row): finite in
     # fp32 and bf16, and within what a scale folded relative to a per-row (Q) / per-head (K, V)
-    # exponent keeps exact in bf16 (E4M3 x 2^e for e down to -124)
+    # exponent keeps exact in bf16 (E4M3 x 2^e for e down to -124); the FP8 path folds the per-block
+    # offsets into its per-block references (no rounding) and re-rounds the +-2 per row
     for spread in (40, 55):
-        q, k, v, qs, ks, vs = t_inputs(2, 300, 700, 4, 1, 128, spread, spread)
-        out, lse = lowbit.flash_attn_mxfp8_func(q, k, v, qs, ks, vs, causal=True)
-        check_rule(out, lse, *t_references(q, k, v, qs, ks, vs, 1 / math.sqrt(128), True), f"spread {spread}")
+        q, k, v, qs, ks, vs = t_inputs(2, 300, 700, 4, 1, d, spread + d, spread)
+        out, lse = lowbit.flash_attn_mxfp8_func(q, k, v, qs, ks, vs, causal=True, precision=precision)
+        check_rule(out, lse, *t_references(q, k, v, qs, ks, vs, 1 / math.sqrt(d), True, p_dtype),
+                   f"{precision}: d{d} spread {spread}")
 
 
 @pytest.mark.gpu
@@ -195,8 +210,9 @@ def nan_allowed_rows(sq, sk, t, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["exact", "fp8"])
 @pytest.mark.parametrize("where", ["codes", "scales"])
-def test_gpu_nan_rules(where):
+def test_gpu_nan_rules(where, precision):
     torch = _torch()
     q, k, v, qs, ks, vs = t_inputs(1, 300, 300, 1, 1, 64, 9, 0)
     t_k, t_v = 40, 170  # the NaN key (rows 40.. see it) and the NaN value row (rows 170.. see it)
@@ -210,14 +226,14 @@ def test_gpu_nan_rules(where):
         ks[0, 0, t_k, 1] = 255                      # key 40: a NaN scale (channels 32..63)
         vs[0, 0, t_v, 0] = 255                      # v[170, 0..31]
         nan_channels = list(range(32))
-    out, lse = lowbit.flash_attn_mxfp8_func(q, k.view(torch.uint8), v, qs, ks, vs, causal=True)
+    out, lse = lowbit.flash_attn_mxfp8_func(q, k.view(torch.uint8), v, qs, ks, vs, causal=True, precision=precision)
     o = out[0, :, 0].float().cpu().numpy()
     lse = lse[0, 0].cpu().numpy()
     rows = np.arange(300)
     nan_row = (rows == 5) | (rows >= t_k)
     np.testing.assert_array_equal(np.isnan(lse), nan_row)
     assert np.isnan(o[nan_row]).all()
-    allowed = nan_allowed_rows(300, 300, t_v, True)
+    allowed = nan_allowed_rows(300, 300, t_v, True)  # d = 64: key tiles of 128 on both paths
     for c in range(64):
         got = np.isnan(o[:, c])
         if c in nan_channels:  # rows that see key 170: NaN; rows of a tile that reads it: may be NaN
@@ -341,3 +357,145 @@ def test_gpu_autograd_wrapper(causal):
     for got, want_g in zip((q.grad, k.grad, v.grad), grads):
         assert torch.isfinite(got).all()
         assert (got.double() - want_g).abs().max().item() <= 1e-2 * want_g.abs().max().item()
+
+
+# ---------------------------------------------------------------------------------------------
+# the FP8 path: exactness on exactly representable data, the CPU model, torch ops
+
+def _to_cuda(*arrays):
+    torch = _torch()
+    return [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in arrays]
+
+
+EXACT_SHAPES = [  # b, sq, sk, h, hk, d, causal: several key tiles (the running maximum moves), tails, GQA
+    (2, 1, 239, 2, 2, 64, False), (1, 113, 203, 4, 1, 64, True), (2, 128, 217, 8, 2, 128, False),
+    (1, 300, 700, 4, 1, 128, True), (1, 1023, 1024, 1, 1, 128, True), (1, 799, 3, 2, 1, 128, False),
+    (1, 127, 512, 2, 2, 256, True), (2, 256, 333, 4, 2, 256, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["exact", "fp8"])
+@pytest.mark.parametrize("shape", EXACT_SHAPES, ids=lambda s: "b%d_sq%d_sk%d_h%d-%d_d%d_%s" % (*s[:6], "causal" if s[6] else "full"))
+def test_gpu_exact_inputs(shape, precision):
+    """Layout-catching property: on exact_fp8_inputs every operand, score, P and partial sum is
+    representable, so both paths must return bf16 of the exact result (within one bf16 ulp); a
+    wrong token order of V'^T, P fragment, channel, swizzle or scale would move values by O(1)."""
+    b, sq, sk, h, hk, d, causal = shape
+    host = exact_fp8_inputs(b, sq, sk, h, hk, d, seed=sq * 3 + sk + d)
+    q, k, v, qs, ks, vs = _to_cuda(*host[:6])
+    out, lse = lowbit.flash_attn_mxfp8_func(q, k, v, qs, ks, vs, softmax_scale=host[6], causal=causal, precision=precision)
+    ref_o, ref_l = np_base2_reference(*host[:6], causal)
+    assert_close(out.cpu().float().numpy(), lse.cpu().numpy(), ref_o, ref_l)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_exact_inputs_varlen():
+    torch = _torch()
+    h, hk, d = 4, 2, 128
+    lq, lk = [1, 300, 129, 0, 17], [5, 700, 1000, 3, 1]
+    seqs = [exact_fp8_inputs(1, max(a, 1), max(c, 1), h, hk, d, seed=40 + i) for i, (a, c) in enumerate(zip(lq, lk))]
+    cat = lambda parts, axis: np.ascontiguousarray(np.concatenate(parts, axis=axis))  # noqa: E731
+    host = [cat([s[0][0, :n] for s, n in zip(seqs, lq)], 0), cat([s[1][0, :n] for s, n in zip(seqs, lk)], 0),
+            cat([s[2][0, :n] for s, n in zip(seqs, lk)], 0), cat([s[3][0, :, :n] for s, n in zip(seqs, lq)], 1),
+            cat([s[4][0, :, :n] for s, n in zip(seqs, lk)], 1), cat([s[5][0, :, :n] for s, n in zip(seqs, lk)], 1)]
+    cq = torch.tensor(np.cumsum([0] + lq), dtype=torch.int32, device="cuda")
+    ck = torch.tensor(np.cumsum([0] + lk), dtype=torch.int32, device="cuda")
+    for causal in (False, True):
+        out, lse = lowbit.flash_attn_mxfp8_varlen_func(*_to_cuda(*host), cq, ck, max(lq), max(lk),
+                                                       softmax_scale=seqs[0][6], causal=causal, precision="fp8")
+        out, lse = out.cpu().float().numpy(), lse.cpu().numpy()
+        for i, s in enumerate(seqs):
+            if lq[i] == 0:
+                continue
+            a, b_ = int(cq[i]), int(cq[i + 1])
+            sl = [s[0][:, :lq[i]], s[1][:, :lk[i]], s[2][:, :lk[i]], s[3][:, :, :lq[i]], s[4][:, :, :lk[i]],
+                  s[5][:, :, :lk[i]]]
+            assert_close(out[a:b_][None], lse[:, a:b_][None], *np_base2_reference(*sl, causal))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_fp8_close_to_cpu_model(d):
+    """One key tile (the kernel's running maximum is the row maximum): the kernel and the CPU
+    model of the FP8 arithmetic share every operand byte and P's rounding points; they differ by
+    fp32 accumulation and MUFU.EX2 (a P value may round to the neighbouring E4M3 value)."""
+    torch = _torch()
+    sk = fp8_block_n(d) - 3
+    q, k, v, qs, ks, vs = t_inputs(1, 77, sk, 4, 2, d, 21, 20)
+    out, lse = lowbit.flash_attn_mxfp8_func(q, k, v, qs, ks, vs, causal=True, precision="fp8")
+    host = [t.cpu() for t in (q, k, v, qs, ks, vs)]
+    ref_out, ref_lse = lowbit.flash_attn_mxfp8_func(*host, causal=True, precision="fp8")
+    o, r = out.float().cpu(), ref_out.float()
+    assert torch.isfinite(o).all()
+    for blk in range(d // 32):  # per 32-channel block (their magnitudes differ by up to 2^40)
+        ob, rb = o[..., 32 * blk:32 * blk + 32], r[..., 32 * blk:32 * blk + 32]
+        assert (ob - rb).abs().max() <= 2.0 ** -4 * rb.abs().max(), blk
+    fin = torch.isfinite(ref_lse)
+    assert ((lse.cpu() - ref_lse).abs()[fin] <= 1e-5 * ref_lse.abs()[fin].clamp(min=1)).all()
+    assert (lse.cpu()[~fin] == ref_lse[~fin]).all()
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_torch_compile_and_cuda_graph():
+    torch = _torch()
+    import lowbit.torch_ops  # noqa: F401
+
+    q, k, v, qs, ks, vs = t_inputs(2, 200, 333, 8, 2, 128, 11, 5)
+    eager = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True, "fp8")
+    exact = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True)
+    assert not torch.equal(eager[0], exact[0])  # the two paths differ (P in E4M3 against bf16)
+
+    def f(q, k, v, qs, ks, vs):
+        out, lse = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True, "fp8")
+        return out.float() * 2, lse
+
+    got = torch.compile(f, fullgraph=True)(q, k, v, qs, ks, vs)
+    assert torch.equal(got[0], eager[0].float() * 2) and torch.equal(got[1], eager[1])
+
+    # bf16 -> quantize -> FP8 attention, captured in one CUDA graph and replayed on new inputs
+    x = [torch.randn(1, 256, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+
+    def e2e():
+        parts = [torch.ops.lowbit.quantize_mxfp8_attn(t, "bshd", "rceil") for t in x]
+        return torch.ops.lowbit.flash_attn_mxfp8(parts[0][0], parts[1][0], parts[2][0], parts[0][1], parts[1][1],
+                                                 parts[2][1], 0.1, False, "fp8")
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        e2e()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = e2e()
+    for t in x:
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    want = e2e()
+    torch.cuda.synchronize()
+    assert torch.equal(static[0], want[0]) and torch.equal(static[1], want[1])
+
+    # varlen op under torch.compile
+    cq = torch.tensor([0, 200, 400], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, 333, 666], dtype=torch.int32, device="cuda")
+    args = (q.reshape(400, 8, 128), torch.cat([k[0], k[1]]), torch.cat([v[0], v[1]]),
+            qs.transpose(0, 1).reshape(8, 400, 4), torch.cat([ks[0], ks[1]], 1), torch.cat([vs[0], vs[1]], 1), cq, ck,
+            200, 333)
+    vf = torch.compile(lambda *a: torch.ops.lowbit.flash_attn_mxfp8_varlen(*a, None, True, "fp8"), fullgraph=True)
+    got = vf(*args)
+    want = torch.ops.lowbit.flash_attn_mxfp8_varlen(*args, None, True, "fp8")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_end_to_end_from_bf16():
+    torch = _torch()
+    g = torch.Generator(device="cuda").manual_seed(13)
+    x = [torch.randn(2, 500, 8, 128, generator=g, device="cuda").bfloat16() for _ in range(3)]
+    out, lse = lowbit.flash_attn_mxfp8_quantized(*x, causal=True, precision="fp8")
+    (q, qs), (k, ks), (v, vs) = (lowbit.quantize_mxfp8_attn(t) for t in x)
+    check_rule(out, lse, *t_references(q, k, v, qs, ks, vs, 1 / math.sqrt(128), True, FP8_P_DTYPE), "fp8 end to end")
+    sdpa = torch.nn.functional.scaled_dot_product_attention(*(t.float().transpose(1, 2) for t in x), is_causal=True)
+    rel = ((out.float() - sdpa.transpose(1, 2)).norm() / sdpa.norm()).item()
+    assert rel < 0.06, rel

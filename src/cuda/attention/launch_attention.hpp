@@ -10,4 +10,8 @@ namespace lowbit::cuda {
 /// Block-scaled FP8 (MXFP8) flash-attention forward (sm_90a), fixed length or varlen.
 int attn_mxfp8_fwd(const detail::AttnMxfp8Plan& plan, const detail::AttnMxfp8Ptrs& ptrs, void* stream);
 
+/// Its FP8 tensor-core path (precision kFp8, sm_90a): QK^T and PV on FP8 wgmma with the block
+/// scales folded into re-rounded E4M3 operands, P rounded to E4M3 (docs/attention.md).
+int attn_mxfp8_fp8_fwd(const detail::AttnMxfp8Plan& plan, const detail::AttnMxfp8Ptrs& ptrs, void* stream);
+
 }  // namespace lowbit::cuda

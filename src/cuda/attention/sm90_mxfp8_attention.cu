@@ -12,6 +12,7 @@
 
 #include "cuda/attention/launch_attention.hpp"
 #include "cuda/attention/mxfp8_attn_consumer.cuh"
+#include "cuda/attention/mxfp8_attn_host.hpp"
 #include "cuda/common/device_info.cuh"
 #include "cuda/common/launch_utils.cuh"
 #include "cuda/common/tma.cuh"
@@ -64,60 +65,11 @@ __global__ void __launch_bounds__(384, 1) attn_mxfp8_fwd_kernel(const __grid_con
   }
 }
 
-/// Rank-4 uint8 tensor map of k or v: dims (d, tokens, heads_kv, batch), box (d, kBlockN, 1, 1).
-static cudaError_t make_kv_tmap(CUtensorMap* m, const void* base, const detail::AttnMxfp8Plan& pl,
-                                const int64_t (&stride)[3], int block_n) {
-  const auto enc = tma_encoder();
-  if (!enc) return cudaErrorNotSupported;
-  const int64_t tokens = pl.varlen ? pl.total_k : pl.seqlen_k;
-  const int64_t batch = pl.varlen ? 1 : pl.batch;
-  const int64_t far = ((stride[1] * tokens + stride[2] * pl.heads_kv) + 15) / 16 * 16;
-  const cuuint64_t dims[4] = {cuuint64_t(pl.head_dim), cuuint64_t(tokens), cuuint64_t(pl.heads_kv), cuuint64_t(batch)};
-  const cuuint64_t strides[3] = {cuuint64_t(stride[1]), cuuint64_t(stride[2]),
-                                 cuuint64_t(pl.varlen ? far : stride[0])};
-  const cuuint32_t box[4] = {cuuint32_t(pl.head_dim), cuuint32_t(block_n), 1, 1}, estr[4] = {1, 1, 1, 1};
-  const CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(base), dims, strides, box, estr,
-                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-
-/// The one function from the validated plan to the kernel's parameters.
-static cudaError_t make_attn_params(const detail::AttnMxfp8Plan& pl, const detail::AttnMxfp8Ptrs& ptr, int block_n,
-                                    AttnParams* out) {
-  AttnParams& p = *out;
-  if (cudaError_t e = make_kv_tmap(&p.tm_k, ptr.k, pl, pl.k_stride, block_n)) return e;
-  if (cudaError_t e = make_kv_tmap(&p.tm_v, ptr.v, pl, pl.v_stride, block_n)) return e;
-  p.q = ptr.q;
-  p.q_scale = ptr.q_scale;
-  p.k_scale = ptr.k_scale;
-  p.v_scale = ptr.v_scale;
-  p.out = ptr.out;
-  p.lse = ptr.lse;
-  p.cu_seqlens_q = pl.cu_seqlens_q;
-  p.cu_seqlens_k = pl.cu_seqlens_k;
-  for (int i = 0; i < 3; ++i) {
-    p.q_stride[i] = pl.q_stride[i];
-    p.o_stride[i] = pl.o_stride[i];
-    p.qs_stride[i] = pl.qs_stride[i];
-    p.ks_stride[i] = pl.ks_stride[i];
-    p.vs_stride[i] = pl.vs_stride[i];
-    p.lse_stride[i] = pl.lse_stride[i];
-  }
-  p.seqlen_q = int(pl.seqlen_q);
-  p.seqlen_k = int(pl.seqlen_k);
-  p.heads_per_kv = int(pl.heads / pl.heads_kv);
-  p.causal = pl.causal ? 1 : 0;
-  p.varlen = pl.varlen ? 1 : 0;
-  p.scale_log2 = float(double(pl.softmax_scale) * 1.4426950408889634);
-  return cudaSuccess;
-}
-
 template <int kD>
 static cudaError_t launch(const detail::AttnMxfp8Plan& pl, const detail::AttnMxfp8Ptrs& ptr, cudaStream_t st) {
   using T = AttnTraits<kD>;
   AttnParams p;
-  if (cudaError_t e = make_attn_params(pl, ptr, T::kBlockN, &p)) return e;
+  if (cudaError_t e = make_attn_params(pl, ptr, int(pl.head_dim), T::kBlockN, CU_TENSOR_MAP_SWIZZLE_NONE, &p)) return e;
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device)) return e;
   static std::atomic<uint64_t> opted{0};
