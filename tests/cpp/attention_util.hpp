@@ -117,6 +117,9 @@ inline Data make_data(const Shape& s, uint64_t seed, int spread = 0) {
 /// Attention outputs in double: out [b, sq, h, d], lse [b, h, sq].
 struct Result {
   std::vector<double> out, lse;
+  /// naive() only: per row [b, h, sq], max over the keys it sees of softmax_scale * sum_c |q_c k_c|
+  /// (what an accumulator's rounding of the scores is relative to)
+  std::vector<double> score_abs;
 };
 
 inline double qval(const Data& x, int64_t b, int64_t i, int64_t h, int64_t c) {
@@ -193,6 +196,7 @@ inline Result naive(const Data& x, double scale) {
   Result r;
   r.out.assign(x.q.size(), 0.0);
   r.lse.assign(size_t(s.b * s.h * s.sq), 0.0);
+  r.score_abs.assign(size_t(s.b * s.h * s.sq), 0.0);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (int64_t b = 0; b < s.b; ++b)
     for (int64_t h = 0; h < s.h; ++h) {
@@ -200,10 +204,15 @@ inline Result naive(const Data& x, double scale) {
       attend(
           s,
           [&](int64_t i, int64_t j) {
-            double dot = 0;
+            double dot = 0, dabs = 0;
             const double* qi = &dq.q[x.iq(b, i, h, 0)];
             const double* kj = &dq.k[x.ik(b, j, hk, 0)];
-            for (int64_t c = 0; c < s.d; ++c) dot += qi[c] * kj[c];
+            for (int64_t c = 0; c < s.d; ++c) {
+              dot += qi[c] * kj[c];
+              dabs += std::fabs(qi[c] * kj[c]);
+            }
+            double& sa = r.score_abs[size_t((b * s.h + h) * s.sq + i)];
+            sa = std::max(sa, dabs * std::fabs(scale));
             return dot * scale;
           },
           [&](int64_t j, int64_t c) { return dq.v[x.ik(b, j, hk, c)]; }, [](double p) { return p; },

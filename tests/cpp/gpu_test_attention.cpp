@@ -2,7 +2,8 @@
 // against the host attentions of attention_util.hpp, with FlashAttention-3's accuracy rule:
 //
 //   max|O - O_ref| <= 2 max|O_pt - O_ref| + 2 max|bf16(O_ref) - O_ref|  (per 32-channel block)
-//   |lse - lse_ref| <= 1e-3 max(1, |lse_ref|)
+//   |lse - lse_ref| <= 1e-3 max(1, |lse_ref|)   (+ 2^-10 max_j softmax_scale sum_c |q_c k_c| on the
+//                                                 FP8 path: the E8M13 accumulator of FP8 MMAs)
 //
 // O_ref: fp64 attention of the dequantized operands (checked against the library's CPU
 // reference by test_attention_ref.cpp); O_pt: the same attention in low precision, P rounded as
@@ -77,7 +78,11 @@ GpuOut run_gpu(const Data& x, float scale, AttnPrecision prec = AttnPrecision::k
 
 /// The accuracy rule over one problem; `what` names it in failures. p_e4m3: the path rounds P to
 /// E4M3 (the FP8 path), and so does O_pt.
-void check_rule(const Data& x, const GpuOut& g, double scale, const std::string& what, bool p_e4m3 = kKernelPE4M3) {
+/// fp8_scores: the scores come from FP8 tensor cores, whose accumulator keeps 13 fraction bits
+/// (E8M13 on Hopper), so lse may also move by a few of its roundings relative to the row's
+/// largest softmax_scale * sum_c |q_c k_c|: 2^-10 of it is allowed on top of the 1e-3 rule.
+void check_rule(const Data& x, const GpuOut& g, double scale, const std::string& what, bool p_e4m3 = kKernelPE4M3,
+                bool fp8_scores = false) {
   const attntest::Result ref = attntest::naive(x, scale), pt = attntest::low_precision(x, scale, p_e4m3);
   // the rule per 32-channel block of the head dimension (the blocks' magnitudes differ by up to
   // 2^80 when the V scales are spread: one maximum over all of them would hide the small ones)
@@ -110,7 +115,9 @@ void check_rule(const Data& x, const GpuOut& g, double scale, const std::string&
           for (int64_t c = 0; c < s.d; ++c)
             if (g.o[x.iq(b, i, h, c)] != 0 && bad++ < 5)
               ADD_FAILURE() << what << ": masked row " << i << " out[" << c << "] = " << decode_bf16(g.o[x.iq(b, i, h, c)]);
-        } else if (!(std::fabs(l - r) <= 1e-3 * std::max(1.0, std::fabs(r))) && bad++ < 5) {
+        } else if (!(std::fabs(l - r) <= 1e-3 * std::max(1.0, std::fabs(r)) +
+                                             (fp8_scores ? std::ldexp(ref.score_abs[e], -10) : 0.0)) &&
+                   bad++ < 5) {
           ADD_FAILURE() << what << ": lse[b " << b << ", h " << h << ", i " << i << "] = " << l << ", reference " << r;
         }
       }
@@ -136,7 +143,7 @@ void fixed_length_sweep(AttnPrecision prec) {
         const Shape s{sq * sk > 100000 ? 1 : 2, sq, sk, h, hk, d, causal};
         const Data x = attntest::make_data(s, seed++, n % 2 ? 40 : 0);
         const double scale = 1.0 / std::sqrt(double(d));
-        check_rule(x, run_gpu(x, float(scale), prec), scale, name(s) + (fp8 ? " fp8" : ""), fp8 || kKernelPE4M3);
+        check_rule(x, run_gpu(x, float(scale), prec), scale, name(s) + (fp8 ? " fp8" : ""), fp8 || kKernelPE4M3, fp8);
       }
 }
 
@@ -154,7 +161,7 @@ void softmax_scale_and_mqa(AttnPrecision prec) {
   const bool fp8 = prec == AttnPrecision::kFp8;
   const Shape s{1, 127, 512, 8, 1, 128, true};
   const Data x = attntest::make_data(s, 7, 10);
-  check_rule(x, run_gpu(x, 0.05f, prec), double(0.05f), name(s) + " scale 0.05", fp8 || kKernelPE4M3);
+  check_rule(x, run_gpu(x, 0.05f, prec), double(0.05f), name(s) + " scale 0.05", fp8 || kKernelPE4M3, fp8);
 }
 
 TEST(GpuAttention, SoftmaxScaleAndMqa) {
@@ -219,7 +226,7 @@ void varlen(AttnPrecision prec) {
       for (int64_t hh = 0; hh < h; ++hh)
         g.lse.insert(g.lse.end(), hl.begin() + hh * TQ + cq[b], hl.begin() + hh * TQ + cq[b + 1]);
       check_rule(seqs[b], g, 1.0 / std::sqrt(double(d)), "varlen " + name(seqs[b].s) + (fp8 ? " fp8" : ""),
-                 fp8 || kKernelPE4M3);
+                 fp8 || kKernelPE4M3, fp8);
     }
   }
 }

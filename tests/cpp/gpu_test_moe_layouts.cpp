@@ -24,7 +24,7 @@ namespace {
 using gputest::Dev;
 using gputest::have_gpu;
 
-constexpr uint16_t kPoison = 0x7FFF;
+constexpr uint16_t kPoison = 0xFFFF;  // the bytes cudaMemset(0xFF) writes (a bf16 NaN)
 
 struct LayoutCase {
   const char* name;

@@ -219,16 +219,19 @@ def test_fp8_prefill_many_items(torch):
 def test_fp8_slow_form_wide_scale_spread(torch, act):
     """Row tiles whose weight scale bytes spread beyond the fold's window (14) in some blocks:
     rows 0..63 of every tile 20 below rows 64..127 in the odd blocks, in every block of expert 1,
-    and one row with a byte of 253 (above kFoldMaxScale): those blocks take the slow form (two
-    multiplies per element), the others fold. Within the bound, and exact on integer data
-    (test_fp8_integer_data_is_exact covers the slow form bit for bit)."""
+    and one row with a byte of 252 (kFoldMaxScale, its outputs overflow float16 like the
+    reference's) in an even block: those blocks take the slow form (two multiplies per element), the
+    others fold. Within the bound, and exact on integer data (test_fp8_integer_data_is_exact covers
+    the slow form bit for bit). Bytes 253 and 254 (single decoded weights overflow fp32) lie outside
+    the FP8 path's range (docs/design/moe_grouped_gemm.md): its slow form multiplies the block's sum,
+    not each weight, so it does not reproduce the reference's Inf - Inf = NaN there."""
     N, K = 256, 512
     ops = _randn_operands([0, 70, 130, 1], N, K, act, seed=8)
     sc = ops.b_sc.astype(np.int64)
     rows = np.arange(N) % 128 < 64
     sc[:, rows, 1::2] -= 20
     sc[1, rows, :] -= 20
-    sc[2, 5, 3] = 253
+    sc[2, 5, 2] = 252
     ops.b_sc = np.clip(sc, 0, 254).astype(np.uint8)
     _check_fp8(torch, ops, a_layout="row_major", b_layout="row_major", out_name="float16", label=f"slow form {act}")
 
