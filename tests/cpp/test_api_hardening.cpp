@@ -25,7 +25,7 @@ namespace {
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
 void expect_arg(const std::function<void()>& fn, const std::string& arg, const std::string& also = "") {
-  argtest::expect_named_arg_error(fn, arg, also);
+  argtest::expect_arg_error(fn, arg, also);
 }
 
 bool all_equal(const std::vector<uint8_t>& v, uint8_t b) {

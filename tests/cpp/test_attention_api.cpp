@@ -83,7 +83,7 @@ bool untouched(const Bufs& b) {
 
 void expect_arg_error(const std::function<void()>& fn, const std::string& op, const std::string& arg, Bufs& b,
                       const std::string& also = "") {
-  argtest::expect_op_arg_error(fn, op, arg, also);
+  argtest::expect_arg_error(fn, arg, also, op);
   EXPECT_TRUE(untouched(b)) << "an output was written before the error for '" << arg << "'";
 }
 

@@ -66,7 +66,7 @@ struct Bufs {
 template <typename Untouched>
 void expect_arg_error(const std::function<void()>& fn, const std::string& op, const std::string& arg,
                       const std::string& also, Untouched untouched) {
-  argtest::expect_op_arg_error(fn, op, arg, also);
+  argtest::expect_arg_error(fn, arg, also, op);
   EXPECT_TRUE(untouched()) << "an output was written before the error for '" << arg << "'";
 }
 
