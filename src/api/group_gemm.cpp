@@ -199,10 +199,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   } else {
     require_aligned16(c, x.b, "b", {p.b_sG, p.b_sN});
   }
-  if (x.b_packed && reinterpret_cast<uintptr_t>(p.b_scale) % 8 != 0)
-    c.fail("b_scale", "the CUDA kernel needs 8-byte aligned packed scales, got " + x.b_scale.describe());
-  if (!x.b_packed && x.b_scale_layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0)
-    c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + x.b_scale.describe());
+  require_scale_alignment(c, x.b_scale, p.b_scale, x.b_packed, x.b_scale_layout);
 #endif
   run_on_device<Kernels::kSm90Gemm>(
       c, [&] { return fp8 ? cuda::group_gemm_mxfp4_fp8(p, stream.handle) : cuda::group_gemm_mxfp4(p, stream.handle); });

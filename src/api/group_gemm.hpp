@@ -131,6 +131,16 @@ inline void require_aligned16(const Checker& c, const TensorView& t, const char*
   for (int64_t s : byte_strides) ok = ok && s % 16 == 0;
   if (!ok) c.fail(arg, "the CUDA kernel needs a 16-byte aligned base and row/batch strides that are multiples of 16 bytes, got " + t.describe());
 }
+
+/// The CUDA kernels read weight scales (b_scale, data at `scales`) packed with 8-byte copies and a
+/// 128x4 blocked tensor with 4-byte ones.
+inline void require_scale_alignment(const Checker& c, const TensorView& b_scale, const uint8_t* scales, bool packed,
+                                    const ScaleLayout& layout) {
+  if (packed && reinterpret_cast<uintptr_t>(scales) % 8 != 0)
+    c.fail("b_scale", "the CUDA kernel needs 8-byte aligned packed scales, got " + b_scale.describe());
+  if (!packed && layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(scales) % 4 != 0)
+    c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + b_scale.describe());
+}
 #endif
 
 }  // namespace lowbit::detail
