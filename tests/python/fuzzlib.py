@@ -139,6 +139,25 @@ class Summary:
         return "\n".join(lines)
 
 
+
+def fail_message(run, category, seed, unit, key, call_width):
+    """The failure text of a fuzz test (test_fuzz.py, test_fuzz_files.py) for the findings of
+    `category` in a run of `unit` ("calls", "files"): their count, then the first 25 that differ
+    by key(finding), each call (call_width characters at most) and message."""
+    fs = run.by_category().get(category, [])
+    lines = [f"{len(fs)} findings of category {category!r} ({CATEGORIES[category]}) in {run.calls} {unit}, "
+             f"seed {seed}:"]
+    seen = set()
+    for f in fs:
+        k = key(f)
+        if k in seen:
+            continue
+        seen.add(k)
+        lines.append(f"  #{f['i']} {f['call'][:call_width]}\n      -> {f['msg'][:300]}")
+        if len(seen) >= 25:
+            break
+    return "\n".join(lines)
+
 def _worker_cmd(script, seed, start, stop, deadline):
     return [sys.executable, script, "--worker", "--seed", str(seed), "--start", str(start),
             "--stop", str(stop), "--deadline", repr(deadline)]
