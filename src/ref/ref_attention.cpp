@@ -70,6 +70,21 @@ struct RowOut {
   }
 };
 
+/// f(i, n, row outputs) for the rows i of sequence b, head h that see n >= 1 keys; a row that
+/// sees none is written here (out +0, lse -inf).
+template <typename F>
+void for_each_seen_row(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x, int64_t b, int64_t h, const SeqRows& r, F&& f) {
+  for (int64_t i = 0; i < r.sq; ++i) {
+    const RowOut ro(p, x, b, h, r.q0 + i);
+    const int64_t n = visible_keys(p, r, i);
+    if (n == 0) {
+      ro.empty(p.head_dim);
+      continue;
+    }
+    f(i, n, ro);
+  }
+}
+
 /// s[j] = f * (q . K[j]) for the n visible keys (K [n, d]); returns their maximum, *has_nan when a
 /// score is NaN.
 double row_scores(const double* q, const double* K, int64_t n, int64_t d, double f, double* s, bool* has_nan) {
@@ -108,20 +123,14 @@ void flash_attn_mxfp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
     std::vector<double> K(nk * nd), V(nk * nd), q(nd), s(nk), o(nd);
     load_rows(x.k, p.k_stride, x.k_scale, p.ks_stride, b, hk, r.k0, r.sk, d, K.data());
     load_rows(x.v, p.v_stride, x.v_scale, p.vs_stride, b, hk, r.k0, r.sk, d, V.data());
-    for (int64_t i = 0; i < r.sq; ++i) {
-      const RowOut ro(p, x, b, h, r.q0 + i);
-      const int64_t n = visible_keys(p, r, i);
-      if (n == 0) {
-        ro.empty(d);
-        continue;
-      }
+    for_each_seen_row(p, x, b, h, r, [&](int64_t i, int64_t n, const RowOut& ro) {
       load_rows(x.q, p.q_stride, x.q_scale, p.qs_stride, b, h, r.q0 + i, 1, d, q.data());
       // finite unless NaN: |q k| <= d * (448 * 2^127)^2 fits fp64
       bool has_nan = false;
       const double m = row_scores(q.data(), K.data(), n, d, scale, s.data(), &has_nan);
       if (has_nan) {
         ro.nan(d);
-        continue;
+        return;
       }
       double l = 0;
       std::fill(o.begin(), o.end(), 0.0);
@@ -133,7 +142,7 @@ void flash_attn_mxfp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
       }
       for (int64_t c = 0; c < d; ++c) ro.out[c] = bf16_from_double(o[size_t(c)] / l);
       *ro.lse = float(m + std::log(l));
-    }
+    });
   });
 }
 
@@ -207,13 +216,7 @@ void flash_attn_mxfp8_fp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
         if (sc[i] != 255) rr = std::max(rr, int(sc[i]) + ak[size_t(i)]);
       return rr == kNoScale ? 254 : rr;
     };
-    for (int64_t i = 0; i < r.sq; ++i) {
-      const RowOut ro(p, x, b, h, r.q0 + i);
-      const int64_t n = visible_keys(p, r, i);
-      if (n == 0) {
-        ro.empty(d);
-        continue;
-      }
+    for_each_seen_row(p, x, b, h, r, [&](int64_t i, int64_t n, const RowOut& ro) {
       load_rows_fp8(x.q, p.q_stride, x.q_scale, p.qs_stride, b, h, r.q0 + i, 1, d, ak, q_ref, q.data());
       const uint8_t* qsc = x.q_scale + b * p.qs_stride[0] + h * p.qs_stride[1] + (r.q0 + i) * p.qs_stride[2];
       const double rf = scale_log2 * std::ldexp(1.0, q_ref(qsc) - 254);
@@ -221,7 +224,7 @@ void flash_attn_mxfp8_fp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
       const double m = row_scores(q.data(), K.data(), n, d, rf, s.data(), &has_nan);  // base 2
       if (has_nan) {
         ro.nan(d);
-        continue;
+        return;
       }
       double l = 0;
       std::fill(o.begin(), o.end(), 0.0);
@@ -235,7 +238,7 @@ void flash_attn_mxfp8_fp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
       for (int64_t c = 0; c < d; ++c)
         ro.out[c] = bf16_from_double(o[size_t(c)] * std::ldexp(1.0, av[size_t(c / 32)] - 127) / l);
       *ro.lse = float((m + std::log2(l) - 8.0) * 0.69314718055994531);
-    }
+    });
   });
 }
 
