@@ -61,7 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from lowbit_bench import Report, Row, add_common_args, measure_ceilings, time_fn  # noqa: E402
 from lowbit_bench.decode_cache import PATTERNS, make_qkv_numpy, make_qkv_torch  # noqa: E402
-from lowbit_bench.timing import Timing, quantile  # noqa: E402
+from lowbit_bench.timing import Timing, host_ceilings, host_time  # noqa: E402
 
 BENCH = "bench_decode_attention"
 DEFAULT_DELTAS = "8,10"
@@ -138,29 +138,6 @@ def fa3_module():
     if cap[0] != 9:
         return None, f"FA3 needs sm_90, this GPU is sm_{cap[0]}{cap[1]}"
     return mod, ""
-
-
-def host_time(fn, warmup: int, iters: int) -> Timing:
-    """Host clock (CPU smoke run): median / p10 / p90 of fn() in us."""
-    for _ in range(max(0, warmup)):
-        fn()
-    ts = []
-    for _ in range(max(1, iters)):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    ts.sort()
-    return Timing(median_us=quantile(ts, 0.5), p10_us=quantile(ts, 0.1), p90_us=quantile(ts, 0.9),
-                  iters=len(ts), mode="host")
-
-
-def host_ceilings() -> Dict[str, object]:
-    """CPU smoke run: a NumPy copy of 64 MiB as the copy ceiling (read + written)."""
-    a = np.ones(64 << 20, np.uint8)
-    b = np.empty_like(a)
-    t = host_time(lambda: np.copyto(b, a), 1, 5)
-    return {"copy_tbs": 2 * a.nbytes / (t.median_us * 1e-6) / 1e12,
-            "copy_note": "CPU smoke run: numpy copyto of 64 MiB on the host, (read + written) bytes"}
 
 
 def rel_l2(a, b) -> float:

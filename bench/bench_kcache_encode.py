@@ -37,7 +37,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from lowbit_bench import Report, Row, add_common_args, measure_ceilings, time_fn  # noqa: E402
-from lowbit_bench.timing import Timing, quantile  # noqa: E402
+from lowbit_bench.timing import Timing, host_ceilings, host_time  # noqa: E402
 
 BENCH = "bench_kcache_encode"
 HK, D = 8, 128
@@ -54,28 +54,6 @@ lowbit = None
 def _err(ex: BaseException, limit: int = 300) -> str:
     s = f"{type(ex).__name__}: {ex}"
     return s if len(s) <= limit else s[:limit] + "..."
-
-
-def host_time(fn, warmup: int, iters: int) -> Timing:
-    """Host clock (CPU smoke run): median / p10 / p90 of fn() in us."""
-    for _ in range(max(0, warmup)):
-        fn()
-    ts = []
-    for _ in range(max(1, iters)):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    ts.sort()
-    return Timing(median_us=quantile(ts, 0.5), p10_us=quantile(ts, 0.1), p90_us=quantile(ts, 0.9),
-                  iters=len(ts), mode="host")
-
-
-def host_ceilings():
-    a = np.ones(64 << 20, np.uint8)
-    b = np.empty_like(a)
-    t = host_time(lambda: np.copyto(b, a), 1, 5)
-    return {"copy_tbs": 2 * a.nbytes / (t.median_us * 1e-6) / 1e12,
-            "copy_note": "CPU smoke run: numpy copyto of 64 MiB on the host, (read + written) bytes"}
 
 
 def kernel_split(fn, calls: int = 3):

@@ -36,6 +36,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from lowbit_bench import Report, Row, add_common_args, measure_ceilings, time_fn, time_graph  # noqa: E402
+from lowbit_bench.triton_mxfp4 import tk_weights  # noqa: E402
 
 BENCH = "bench_linear"
 DEFAULT_NK = ["4096x4096", "6144x4096", "28672x4096", "4096x14336", "8192x8192"]
@@ -54,29 +55,6 @@ def _err(ex: BaseException, limit: int = 240) -> str:
 def rel_l2(a, b) -> float:
     a, b = a.float(), b.float()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
-def tk_weights(codes, scales):
-    """triton_kernels' MXFP4 weights from lowbit's [N, K/2] codes and [N, K/32] UE8M0 scales, as
-    vLLM prepares them on Hopper (one expert; split_k pinned to 1 on sm_90, scale K groups padded
-    to a multiple of 4): (w, precision config)."""
-    from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
-    from triton_kernels.numerics import InFlexData
-    from triton_kernels.tensor import FP4, convert_layout, wrap_torch_tensor
-    from triton_kernels.tensor_details import layout
-    import triton_kernels.matmul_ogs_details.opt_flags as opt_flags
-
-    if torch.cuda.get_device_capability(0) == (9, 0):
-        opt_flags.update_opt_flags_constraints({"split_k": 1})
-    codes, scales = codes[None], scales.view(torch.uint8)[None]
-    pad = -scales.shape[-1] % 4
-    if pad:
-        scales = torch.nn.functional.pad(scales, (0, pad))
-    vl, vo = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
-    sl, so = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
-    w = convert_layout(wrap_torch_tensor(codes.transpose(-2, -1), dtype=FP4), vl, **vo)
-    s = convert_layout(wrap_torch_tensor(scales.transpose(-2, -1)), sl, **so)
-    return w, PrecisionConfig(weight_scale=s, flex_ctx=FlexCtx(rhs_data=InFlexData()))
 
 
 class Bench:
@@ -149,7 +127,7 @@ class Bench:
         tk_row = self.tk_why
         if self.tk is not None and "mxfp4" in refs:
             try:
-                w_tk, pc = tk_weights(qm.data, qm.scales)
+                w_tk, pc = tk_weights(qm.data[None], qm.scales[None])  # one expert
                 out_tk = self.tk(a, w_tk, None, None, precision_config=pc)
                 tk_row = f"triton_kernels rel_l2 {rel_l2(out_tk.reshape(M, N), refs['mxfp4']):.1e}"
                 anchors["triton_kernels_mxfp4"] = self.times(lambda: self.tk(a, w_tk, None, None, precision_config=pc))

@@ -184,6 +184,22 @@ def _time_fn_cpu(fn, arg_sets, warmup, iters, max_seconds) -> Timing:
                   iters=len(times), mode="host")
 
 
+def host_time(fn: Callable[[], Any], warmup: int, iters: int) -> Timing:
+    """Host clock (CPU smoke run): median / p10 / p90 of fn() in us."""
+    return _time_fn_cpu(fn, [()], warmup, iters, None)
+
+
+def host_ceilings() -> Dict[str, object]:
+    """CPU smoke run: a NumPy copy of 64 MiB as the copy ceiling (read + written)."""
+    import numpy as np
+
+    a = np.ones(64 << 20, np.uint8)
+    b = np.empty_like(a)
+    t = host_time(lambda: np.copyto(b, a), 1, 5)
+    return {"copy_tbs": 2 * a.nbytes / (t.median_us * 1e-6) / 1e12,
+            "copy_note": "CPU smoke run: numpy copyto of 64 MiB on the host, (read + written) bytes"}
+
+
 _CEILINGS: Dict[str, Any] = {}
 
 

@@ -46,6 +46,22 @@ bool resolve_precision(const Checker& c, AttnPrecision prec) {
   return prec == AttnPrecision::kFp8;
 }
 
+/// The plan's sizes (varlen: sq, sk the longest sequences) and options, as both entry points set them.
+AttnMxfp8Plan plan_sizes(const Checker& c, int64_t batch, int64_t sq, int64_t sk, int64_t h, int64_t h_kv, int64_t d,
+                         const AttnArgs& args) {
+  AttnMxfp8Plan p;
+  p.batch = batch;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.heads = h;
+  p.heads_kv = h_kv;
+  p.head_dim = d;
+  p.causal = args.causal;
+  p.softmax_scale = resolve_softmax_scale(c, args.softmax_scale, d, "d");
+  p.fp8 = resolve_precision(c, args.precision);
+  return p;
+}
+
 /// CUDA: the kernel loads Q, K and V tiles with TMA, which needs a 16-byte aligned base address
 /// and strides (bytes) that are multiples of 16 on every dimension of size > 1 but the last.
 void require_tma_aligned(const Checker& c, const TensorView& t, const char* arg) {
@@ -133,16 +149,7 @@ void flash_attn_mxfp8(const TensorView& q, const TensorView& k, const TensorView
   c.require(out, Req("out").dtypes({DType::kBFloat16}).shape({B, SQ, H, D}).last_contiguous());
   c.require(lse, Req("lse").dtypes({DType::kFloat32}).shape({B, H, SQ}).contiguous("lse"));
 
-  AttnMxfp8Plan p;
-  p.batch = B;
-  p.seqlen_q = SQ;
-  p.seqlen_k = SK;
-  p.heads = H;
-  p.heads_kv = HK;
-  p.head_dim = D;
-  p.causal = args.causal;
-  p.softmax_scale = resolve_softmax_scale(c, args.softmax_scale, D, "d");
-  p.fp8 = resolve_precision(c, args.precision);
+  AttnMxfp8Plan p = plan_sizes(c, B, SQ, SK, H, HK, D, args);
   for (int i = 0; i < 3; ++i) {
     p.q_stride[i] = q.strides[i];
     p.k_stride[i] = k.strides[i];
@@ -190,16 +197,7 @@ void flash_attn_mxfp8_varlen(const TensorView& q, const TensorView& k, const Ten
   c.require(out, Req("out").dtypes({DType::kBFloat16}).shape({TQ, H, D}).last_contiguous());
   c.require(lse, Req("lse").dtypes({DType::kFloat32}).shape({H, TQ}).contiguous("lse"));
 
-  AttnMxfp8Plan p;
-  p.batch = batch;
-  p.seqlen_q = max_seqlen_q;
-  p.seqlen_k = max_seqlen_k;
-  p.heads = H;
-  p.heads_kv = HK;
-  p.head_dim = D;
-  p.causal = args.causal;
-  p.softmax_scale = resolve_softmax_scale(c, args.softmax_scale, D, "d");
-  p.fp8 = resolve_precision(c, args.precision);
+  AttnMxfp8Plan p = plan_sizes(c, batch, max_seqlen_q, max_seqlen_k, H, HK, D, args);
   p.varlen = true;
   p.total_q = TQ;
   p.total_k = TK;

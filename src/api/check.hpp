@@ -325,6 +325,16 @@ inline float resolve_softmax_scale(const Checker& c, float s, int64_t d, const c
   return s;
 }
 
+/// An optional per-tensor amax (float32, one element; the GEMMs' amax_a, amax_b ...): its data or
+/// nullptr when absent; a CPU value must not be negative.
+inline const float* amax_arg(Checker& c, const TensorView& t, const char* arg) {
+  if (!t.present()) return nullptr;
+  c.require(t, Req(arg).dtypes({DType::kFloat32}).one_element("one element (the per-tensor amax)"));
+  if (t.device == Device::kCPU && *t.ptr<float>() < 0.0f)
+    c.fail(arg, "the per-tensor amax must be >= 0, got " + std::to_string(*t.ptr<float>()));
+  return t.ptr<float>();
+}
+
 inline void check_layout(const Checker& c, const ScaleLayout& l) {
   if (l.kind == ScaleLayoutKind::kColMajor && l.row_align < 1)
     c.fail("layout", "column-major row_align must be >= 1, got " + std::to_string(l.row_align));

@@ -37,14 +37,6 @@ Operand fp4_operand(Checker& c, const TensorView& t, const char* arg) {
 
 void e4m3_scales(Checker& c, const TensorView& s, const char* arg) { c.require(s, Req(arg).dtypes({DType::kE4M3, DType::kUInt8})); }
 
-const float* amax_arg(Checker& c, const TensorView& t, const char* arg) {
-  if (!t.present()) return nullptr;
-  c.require(t, Req(arg).dtypes({DType::kFloat32}).one_element("one element (the per-tensor amax)"));
-  if (t.device == Device::kCPU && *t.ptr<float>() < 0.0f)
-    c.fail(arg, "the per-tensor amax must be >= 0, got " + std::to_string(*t.ptr<float>()));
-  return t.ptr<float>();
-}
-
 void check_dual_sf_layout(const Checker& c, const ScaleLayout& l) {
   if (l.kind != ScaleLayoutKind::kRowMajor && l.kind != ScaleLayoutKind::kBlocked128x4)
     c.fail("sf_layout", "expected row_major (GPU MODE reference [MN, K/16, L]) or blocked128x4 (permuted [32,4,MN/128,4,K/64,L])");

@@ -86,6 +86,27 @@ static float* global_amax_arg(Checker& c, const BlockFormat& f, const TensorView
   return copy;
 }
 
+/// What quantize and dequantize plan alike (Plan: QuantPlan or DequantPlan): the format and the
+/// sizes of m (x or out), the codes q, the scales (their plan, with the groups of a grouped layout:
+/// a host m_indptr is copied once into *indptr_copy) and the zero points.
+template <typename Plan>
+static void plan_blocks(Checker& c, Plan* p, const BlockFormat& f, const Mat& m, const TensorView& q,
+                        const TensorView& scales, const ScaleLayout& layout, const QuantArgs& args,
+                        std::vector<int64_t>* indptr_copy) {
+  p->f = f;
+  p->L = m.L;
+  p->M = m.M;
+  p->K = m.K;
+  const Mat qm = as_mat(c, q, "q");
+  p->q = q.ptr<uint8_t>();
+  p->q_sL = qm.sL;
+  p->q_sM = qm.sM;
+  p->scales = scales.data;
+  check_groups(c, layout, args.m_indptr, m.L, m.M, &p->sp, indptr_copy);
+  plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p->sp);
+  p->zeros = zero_points(c, f, args.zeros, scales, layout, p->sp);
+}
+
 void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layout, const TensorView& q,
               const TensorView& scales, const QuantArgs& args, Stream stream) {
   Checker c{"quantize"};
@@ -98,25 +119,13 @@ void quantize(const TensorView& x, const BlockFormat& f, const ScaleLayout& layo
   c.require(scales, Req("scales").dtypes(scale_dtypes(f.scale_type)));
 
   QuantPlan p;
-  p.f = f;
-  p.L = m.L;
-  p.M = m.M;
-  p.K = m.K;
   p.x = x.data;
   p.x_dtype = x.dtype;
   p.x_sL = m.sL;
   p.x_sM = m.sM;
-  const Mat qm = as_mat(c, q, "q");
-  p.q = q.ptr<uint8_t>();
-  p.q_sL = qm.sL;
-  p.q_sM = qm.sM;
-  p.scales = scales.data;
   std::vector<int64_t> indptr_copy;  // host m_indptr: the one copy that is validated and used
   float gamax_copy = 0.0f;           // host global_amax (when read, not computed): likewise
-  check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
-  plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
-
-  p.zeros = zero_points(c, f, args.zeros, scales, layout, p.sp);
+  plan_blocks(c, &p, f, m, q, scales, layout, args, &indptr_copy);
   if (args.global_amax.present()) {
     p.compute_global_amax = args.compute_global_amax;
     p.global_amax = global_amax_arg(c, f, args.global_amax, !p.compute_global_amax, /*nan_ok=*/false, &gamax_copy);
@@ -146,24 +155,13 @@ void dequantize(const TensorView& q, const TensorView& scales, const BlockFormat
   if (args.compute_global_amax) c.fail("compute_global_amax", "is a quantize option");
 
   DequantPlan p;
-  p.f = f;
-  p.L = m.L;
-  p.M = m.M;
-  p.K = m.K;
-  const Mat qm = as_mat(c, q, "q");
-  p.q = q.ptr<uint8_t>();
-  p.q_sL = qm.sL;
-  p.q_sM = qm.sM;
-  p.scales = scales.data;
   p.out = out.data;
   p.out_dtype = out.dtype;
   p.o_sL = m.sL;
   p.o_sM = m.sM;
   std::vector<int64_t> indptr_copy;  // host m_indptr: the one copy that is validated and used
   float gamax_copy = 0.0f;           // host global_amax (when read, not computed): likewise
-  check_groups(c, layout, args.m_indptr, m.L, m.M, &p.sp, &indptr_copy);
-  plan_scales(c, scales, "scales", layout, m.L, m.M, m.K / f.block, &p.sp);
-  p.zeros = zero_points(c, f, args.zeros, scales, layout, p.sp);
+  plan_blocks(c, &p, f, m, q, scales, layout, args, &indptr_copy);
   if (args.global_amax.present())
     p.global_amax = global_amax_arg(c, f, args.global_amax, /*read=*/true, /*nan_ok=*/true, &gamax_copy);
   c.no_overlap({{"out", &out}}, {{"q", &q}, {"scales", &scales}, {"zeros", &args.zeros}, {"global_amax", &args.global_amax},

@@ -13,9 +13,13 @@
 namespace lowbit {
 using namespace detail;
 
-void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, const ScaleLayout& lb,
-                              const TensorView& packed_b, const TensorView& packed_scale, Stream stream) {
-  Checker c{"group_gemm_mxfp4_prepack"};
+namespace {
+
+/// Both weight prepacks (the exact path's layout, fp8 = false, and the FP8 tensor-core path's): the
+/// same inputs and plan, only the packed outputs' shapes and the kernel differ.
+void prepack(const char* op, bool fp8, const TensorView& b, const TensorView& b_scale, const ScaleLayout& lb,
+             const TensorView& packed_b, const TensorView& packed_scale, Stream stream) {
+  Checker c{op};
   c.require(b, Req("b").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}));
   if (b.ndim != 3 || b.shape[2] == 0 || b.shape[2] % 16 != 0 || b.shape[1] == 0)
     c.fail("b", "expected [groups, N, K/2] with K a positive multiple of 32, got " + b.describe());
@@ -25,8 +29,12 @@ void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, co
   check_expert_scale_layout(c, lb, "b_scale_layout");
   Mxfp4PackPlan p;
   plan_scales(c, b_scale, "b_scale", lb, G, N, K / 32, &p.spb, Checker::Batch::kFirst);
-  ScalePlan out_plan;
-  check_packed_weights(c, packed_b, "packed_b", packed_scale, "packed_scale", G, N, K, &out_plan);
+  if (fp8) {
+    check_fp8_packed_weights(c, packed_b, "packed_b", packed_scale, "packed_scale", G, N, K);
+  } else {
+    ScalePlan out_plan;
+    check_packed_weights(c, packed_b, "packed_b", packed_scale, "packed_scale", G, N, K, &out_plan);
+  }
   c.no_overlap({{"packed_b", &packed_b}, {"packed_scale", &packed_scale}}, {{"b", &b}, {"b_scale", &b_scale}});
   p.G = G; p.N = N; p.K = K;
   p.b = b.ptr<uint8_t>(); p.b_sG = b.strides[0]; p.b_sN = b.strides[1];
@@ -34,46 +42,36 @@ void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, co
   p.packed_b = static_cast<uint8_t*>(packed_b.data);
   p.packed_scale = static_cast<uint8_t*>(packed_scale.data);
   if (c.dev == Device::kCPU) {
-    ref::mxfp4_prepack(p);
+    if (fp8)
+      ref::mxfp4_prepack_fp8(p);
+    else
+      ref::mxfp4_prepack(p);
     return;
   }
-  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::mxfp4_prepack(p, stream.handle); });
+  run_on_device<Kernels::kSm90Gemm>(c, [&] {
+    return fp8 ? cuda::mxfp4_prepack_fp8(p, stream.handle) : cuda::mxfp4_prepack(p, stream.handle);
+  });
+}
+
+}  // namespace
+
+void group_gemm_mxfp4_prepack(const TensorView& b, const TensorView& b_scale, const ScaleLayout& lb,
+                              const TensorView& packed_b, const TensorView& packed_scale, Stream stream) {
+  prepack("group_gemm_mxfp4_prepack", false, b, b_scale, lb, packed_b, packed_scale, stream);
 }
 
 void group_gemm_mxfp4_prepack_fp8(const TensorView& b, const TensorView& b_scale, const ScaleLayout& lb,
                                   const TensorView& packed_b, const TensorView& packed_scale, Stream stream) {
-  Checker c{"group_gemm_mxfp4_prepack_fp8"};
-  c.require(b, Req("b").dtypes({DType::kUInt8, DType::kFloat4E2M1x2}));
-  if (b.ndim != 3 || b.shape[2] == 0 || b.shape[2] % 16 != 0 || b.shape[1] == 0)
-    c.fail("b", "expected [groups, N, K/2] with K a positive multiple of 32, got " + b.describe());
-  c.last_contiguous(b, "b");
-  const int64_t G = b.shape[0], N = b.shape[1], K = 2 * b.shape[2];
-  c.require(b_scale, Req("b_scale").dtypes({DType::kUE8M0, DType::kUInt8}));
-  check_expert_scale_layout(c, lb, "b_scale_layout");
-  Mxfp4PackPlan p;
-  plan_scales(c, b_scale, "b_scale", lb, G, N, K / 32, &p.spb, Checker::Batch::kFirst);
-  check_fp8_packed_weights(c, packed_b, "packed_b", packed_scale, "packed_scale", G, N, K);
-  c.no_overlap({{"packed_b", &packed_b}, {"packed_scale", &packed_scale}}, {{"b", &b}, {"b_scale", &b_scale}});
-  p.G = G; p.N = N; p.K = K;
-  p.b = b.ptr<uint8_t>(); p.b_sG = b.strides[0]; p.b_sN = b.strides[1];
-  p.b_scale = b_scale.ptr<uint8_t>();
-  p.packed_b = static_cast<uint8_t*>(packed_b.data);
-  p.packed_scale = static_cast<uint8_t*>(packed_scale.data);
-  if (c.dev == Device::kCPU) {
-    ref::mxfp4_prepack_fp8(p);
-    return;
-  }
-  run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::mxfp4_prepack_fp8(p, stream.handle); });
+  prepack("group_gemm_mxfp4_prepack_fp8", true, b, b_scale, lb, packed_b, packed_scale, stream);
 }
 
 void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   Checker c{"group_gemm_mxfp4_nt_groupwise"};
   c.require(x.a, Req("a").dtypes({DType::kE4M3, DType::kE5M2, DType::kBFloat16})
                      .rank(2, 3, "[cum_m, K] or (masked layout) [G, max_tokens, K]").last_contiguous());
-  const bool masked = x.a.ndim == 3;
-  const int64_t K = x.a.shape[x.a.ndim - 1];
-  const int64_t max_tokens = masked ? x.a.shape[1] : 0;
-  const int64_t M = masked ? c.mul("a", x.a.shape[0], x.a.shape[1]) : x.a.shape[0];  // rows of a
+  const GroupedRows ar = grouped_rows(c, x.a, "a");
+  const bool masked = ar.masked;
+  const int64_t K = ar.cols, max_tokens = ar.max_tokens, M = ar.rows;  // M: rows of a
   if (K % 32 != 0 || K == 0) c.fail("a", "K = " + std::to_string(K) + " must be a positive multiple of 32 (the MX block)");
   const int64_t a_sM = uniform_row_stride(c, x.a, "a");
   if (x.precision != GemmPrecision::kExact && x.precision != GemmPrecision::kFp8TensorCores)
@@ -104,24 +102,16 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   if (counts && x.m_indptr.present()) c.fail("m_counts", "give either m_indptr or m_counts, not both");
   if (masked && !counts)
     c.fail("m_counts", "is required with a 3-D a [G, max_tokens, K] (the masked layout: rows per group)");
-  if (masked && x.a.shape[0] != G)
-    c.fail("a", "the masked layout takes one batch per group: expected [" + std::to_string(G) + ", max_tokens, " +
-                    std::to_string(K) + "], got " + x.a.describe());
+  check_batch_per_group(c, x.a, "a", ar, G, "group");
   if (counts) {
-    c.require(x.m_counts, Req("m_counts").dtypes({DType::kInt32, DType::kInt64}));
-    if (x.m_counts.ndim != 1 || x.m_counts.shape[0] != G || (G > 1 && x.m_counts.strides[0] != 1))
-      c.fail("m_counts", "expected a contiguous [" + std::to_string(G) + "] tensor (rows per group), got " + x.m_counts.describe());
+    check_group_counts(c, x.m_counts, G, "group");
   } else {
     c.require(x.m_indptr, Req("m_indptr").dtypes({DType::kInt32, DType::kInt64}));
     if (x.m_indptr.ndim != 1 || x.m_indptr.shape[0] != G + 1 || x.m_indptr.strides[0] != 1)
       c.fail("m_indptr", "expected a contiguous [" + std::to_string(G + 1) + "] tensor (groups + 1), got " + x.m_indptr.describe());
   }
   if (x.expected_m < 0) c.fail("expected_m", "expected a count >= 0 (0: max_tokens), got " + std::to_string(x.expected_m));
-  if (masked)
-    c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat16}).shape({G, max_tokens, N}).last_contiguous());
-  else
-    c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat16}).shape({M, N}).last_contiguous());
-  const int64_t o_sM = uniform_row_stride(c, x.out, "out");
+  const int64_t o_sM = check_grouped_out(c, x.out, {DType::kBFloat16, DType::kFloat16}, ar, G, N);
 
   GroupGemmPlan p;
   p.M = M; p.N = N; p.K = K; p.G = G;
@@ -209,10 +199,7 @@ void group_gemm_mxfp4_nt_groupwise(const GroupGemmArgs& x, Stream stream) {
   } else {
     require_aligned16(c, x.b, "b", {p.b_sG, p.b_sN});
   }
-  if (x.b_packed && reinterpret_cast<uintptr_t>(p.b_scale) % 8 != 0)
-    c.fail("b_scale", "the CUDA kernel needs 8-byte aligned packed scales, got " + x.b_scale.describe());
-  if (!x.b_packed && x.b_scale_layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0)
-    c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + x.b_scale.describe());
+  require_scale_alignment(c, x.b_scale, p.b_scale, x.b_packed, x.b_scale_layout);
 #endif
   run_on_device<Kernels::kSm90Gemm>(
       c, [&] { return fp8 ? cuda::group_gemm_mxfp4_fp8(p, stream.handle) : cuda::group_gemm_mxfp4(p, stream.handle); });

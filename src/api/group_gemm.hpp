@@ -52,6 +52,52 @@ inline int64_t uniform_row_stride(const Checker& c, const TensorView& t, const c
   return t.strides[1];
 }
 
+/// The rows of a grouped operand (the grouped GEMM's a, the expert MLP's x): 2-D [rows, C] (the
+/// contiguous layout) or 3-D [G, max_tokens, C] (the masked layout: a batch per group). Its dtype,
+/// rank and storage order are checked by the caller.
+struct GroupedRows {
+  bool masked = false;
+  int64_t rows = 0;        ///< every row (masked: G * max_tokens)
+  int64_t cols = 0;        ///< C
+  int64_t max_tokens = 0;  ///< masked: rows per group; else 0
+};
+
+inline GroupedRows grouped_rows(const Checker& c, const TensorView& t, const char* arg) {
+  GroupedRows r;
+  r.masked = t.ndim == 3;
+  r.cols = t.shape[t.ndim - 1];
+  r.max_tokens = r.masked ? t.shape[1] : 0;
+  r.rows = r.masked ? c.mul(arg, t.shape[0], t.shape[1]) : t.shape[0];
+  return r;
+}
+
+/// A masked operand has one batch per group (`group`: the word for one, "group" or "expert").
+inline void check_batch_per_group(const Checker& c, const TensorView& t, const char* arg, const GroupedRows& r,
+                                  int64_t G, const char* group) {
+  if (r.masked && t.shape[0] != G)
+    c.fail(arg, std::string("the masked layout takes one batch per ") + group + ": expected [" + std::to_string(G) +
+                    ", max_tokens, " + std::to_string(r.cols) + "], got " + t.describe());
+}
+
+/// m_counts of G groups: int32 / int64, a contiguous [G] tensor (rows per `group`).
+inline void check_group_counts(Checker& c, const TensorView& counts, int64_t G, const char* group) {
+  c.require(counts, Req("m_counts").dtypes({DType::kInt32, DType::kInt64}));
+  if (counts.ndim != 1 || counts.shape[0] != G || (G > 1 && counts.strides[0] != 1))
+    c.fail("m_counts", "expected a contiguous [" + std::to_string(G) + "] tensor (rows per " + group + "), got " +
+                           counts.describe());
+}
+
+/// The output of a grouped call with the rows of r and n columns: [G, max_tokens, n] (masked) or
+/// [rows, n], last dimension contiguous, rows at one stride; returns that stride.
+inline int64_t check_grouped_out(Checker& c, const TensorView& out, const DTypes& dtypes, const GroupedRows& r,
+                                 int64_t G, int64_t n) {
+  if (r.masked)
+    c.require(out, Req("out").dtypes(dtypes).shape({G, r.max_tokens, n}).last_contiguous());
+  else
+    c.require(out, Req("out").dtypes(dtypes).shape({r.rows, n}).last_contiguous());
+  return uniform_row_stride(c, out, "out");
+}
+
 /// Host per-group row counts [G] (int32 / int64), copied once and validated: non-negative and,
 /// with max_tokens > 0 (masked layout), at most max_tokens each, else (contiguous layout) at most
 /// `rows` together. Returns the compact group bounds [G+1] (int64): the one copy that is used.
@@ -84,6 +130,16 @@ inline void require_aligned16(const Checker& c, const TensorView& t, const char*
   bool ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
   for (int64_t s : byte_strides) ok = ok && s % 16 == 0;
   if (!ok) c.fail(arg, "the CUDA kernel needs a 16-byte aligned base and row/batch strides that are multiples of 16 bytes, got " + t.describe());
+}
+
+/// The CUDA kernels read weight scales (b_scale, data at `scales`) packed with 8-byte copies and a
+/// 128x4 blocked tensor with 4-byte ones.
+inline void require_scale_alignment(const Checker& c, const TensorView& b_scale, const uint8_t* scales, bool packed,
+                                    const ScaleLayout& layout) {
+  if (packed && reinterpret_cast<uintptr_t>(scales) % 8 != 0)
+    c.fail("b_scale", "the CUDA kernel needs 8-byte aligned packed scales, got " + b_scale.describe());
+  if (!packed && layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(scales) % 4 != 0)
+    c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + b_scale.describe());
 }
 #endif
 

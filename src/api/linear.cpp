@@ -37,15 +37,6 @@ const void* bias_arg(Checker& c, const TensorView& t, int64_t N, DType* dt) {
   return t.data;
 }
 
-/// An optional per-tensor amax (float32, one element); a CPU value must not be negative (as the dual GEMM).
-const float* amax_arg(Checker& c, const TensorView& t, const char* arg) {
-  if (!t.present()) return nullptr;
-  c.require(t, Req(arg).dtypes({DType::kFloat32}).one_element("one element (the per-tensor amax)"));
-  if (t.device == Device::kCPU && *t.ptr<float>() < 0.0f)
-    c.fail(arg, "the per-tensor amax must be >= 0, got " + std::to_string(*t.ptr<float>()));
-  return t.ptr<float>();
-}
-
 /// The output [M, N] (bf16 / fp16, N contiguous).
 void out_arg(Checker& c, const TensorView& out, int64_t M, int64_t N) {
   c.require(out, Req("out").dtypes({DType::kBFloat16, DType::kFloat16}).shape({M, N}).last_contiguous());
@@ -131,10 +122,7 @@ void mxfp4_gemm(const Mxfp4GemmArgs& x, Stream stream) {
   }
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
   require_aligned16(c, x.b, "b", {p.b_sG, p.b_sN});
-  if (x.b_packed && reinterpret_cast<uintptr_t>(p.b_scale) % 8 != 0)
-    c.fail("b_scale", "the CUDA kernel needs 8-byte aligned packed scales, got " + x.b_scale.describe());
-  if (!x.b_packed && x.b_scale_layout.kind == ScaleLayoutKind::kBlocked128x4 && reinterpret_cast<uintptr_t>(p.b_scale) % 4 != 0)
-    c.fail("b_scale", "the CUDA kernel needs a 4-byte aligned 128x4 scale tensor, got " + x.b_scale.describe());
+  require_scale_alignment(c, x.b_scale, p.b_scale, x.b_packed, x.b_scale_layout);
 #endif
   // m_indptr: the launcher supplies a device-resident constant (cuda::mxfp4_gemm)
   run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::mxfp4_gemm(p, stream.handle); });

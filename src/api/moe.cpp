@@ -62,6 +62,17 @@ void plan_mlp_weights(const Args& x, MoeMlpPlan* pp) {
   p.alpha = x.alpha; p.limit = x.limit; p.act_mxfp8 = x.act == ActQuant::kMXFP8; p.packed = x.packed;
 }
 
+#if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
+/// The CUDA kernels' alignment of the expert weights (16-byte rows) and of packed scales (8 bytes).
+template <typename Args>
+void require_weight_alignment(const Checker& c, const Args& x, const MoeMlpPlan& p) {
+  require_aligned16(c, x.w1, "w1", {p.w1_sE, p.w1_sR});
+  require_aligned16(c, x.w2, "w2", {p.w2_sE, p.w2_sR});
+  if (x.packed && (reinterpret_cast<uintptr_t>(p.w1s) % 8 != 0 || reinterpret_cast<uintptr_t>(p.w2s) % 8 != 0))
+    c.fail("w1_scale", "the CUDA kernel needs 8-byte aligned packed scales");
+}
+#endif
+
 }  // namespace
 
 void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
@@ -114,10 +125,7 @@ void gpt_oss_moe_mlp(const MoeMlpArgs& x, Stream stream) {
     return;
   }
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-  require_aligned16(c, x.w1, "w1", {p.w1_sE, p.w1_sR});
-  require_aligned16(c, x.w2, "w2", {p.w2_sE, p.w2_sR});
-  if (x.packed && (reinterpret_cast<uintptr_t>(p.w1s) % 8 != 0 || reinterpret_cast<uintptr_t>(p.w2s) % 8 != 0))
-    c.fail("w1_scale", "the CUDA kernel needs 8-byte aligned packed scales");
+  require_weight_alignment(c, x, p);
   if (E > 4096) c.fail("w1", "the CUDA MLP routes at most 4096 experts, got E = " + std::to_string(E));
   if (T * k >= (int64_t(1) << 31)) c.fail("topk_ids", "T * k must be below 2^31 routed rows");
 #endif
@@ -128,20 +136,14 @@ void gpt_oss_expert_mlp(const ExpertMlpArgs& x, Stream stream) {
   Checker c{"gpt_oss_expert_mlp"};
   c.require(x.x, Req("x").dtypes({DType::kBFloat16, DType::kFloat32, DType::kE4M3})
                      .rank(2, 3, "[M, H] (contiguous layout) or [E, max_tokens, H] (masked layout)").last_contiguous());
-  const bool masked = x.x.ndim == 3;
-  const int64_t H = x.x.shape[x.x.ndim - 1];
-  const int64_t max_tokens = masked ? x.x.shape[1] : 0;
-  const int64_t M = masked ? c.mul("x", x.x.shape[0], x.x.shape[1]) : x.x.shape[0];  // rows of x
+  const GroupedRows xr = grouped_rows(c, x.x, "x");
+  const int64_t H = xr.cols, max_tokens = xr.max_tokens, M = xr.rows;  // M: rows of x
   if (H % 32 != 0 || H == 0) c.fail("x", "hidden size H = " + std::to_string(H) + " must be a positive multiple of 32");
   const int64_t x_sT = uniform_row_stride(c, x.x, "x");
   int64_t E = 0, I = 0;
   check_mlp_weights(c, x, H, &E, &I);
-  if (masked && x.x.shape[0] != E)
-    c.fail("x", "the masked layout takes one batch per expert: expected [" + std::to_string(E) + ", max_tokens, " +
-                    std::to_string(H) + "], got " + x.x.describe());
-  c.require(x.m_counts, Req("m_counts").dtypes({DType::kInt32, DType::kInt64}));
-  if (x.m_counts.ndim != 1 || x.m_counts.shape[0] != E || (E > 1 && x.m_counts.strides[0] != 1))
-    c.fail("m_counts", "expected a contiguous [" + std::to_string(E) + "] tensor (rows per expert), got " + x.m_counts.describe());
+  check_batch_per_group(c, x.x, "x", xr, E, "expert");
+  check_group_counts(c, x.m_counts, E, "expert");
   const bool mx = x.x.dtype == DType::kE4M3;
   if (mx) {
     c.require(x.x_scale, Req("x_scale").dtypes({DType::kUE8M0, DType::kUInt8}).contiguous("x_scale"));
@@ -153,11 +155,7 @@ void gpt_oss_expert_mlp(const ExpertMlpArgs& x, Stream stream) {
     c.fail("x_scale", "only MXFP8 x (float8_e4m3fn codes) takes scales");
   }
   if (x.expected_m < 0) c.fail("expected_m", "expected a count >= 0 (0: max_tokens), got " + std::to_string(x.expected_m));
-  if (masked)
-    c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat32}).shape({E, max_tokens, H}).last_contiguous());
-  else
-    c.require(x.out, Req("out").dtypes({DType::kBFloat16, DType::kFloat32}).shape({M, H}).last_contiguous());
-  const int64_t o_sT = uniform_row_stride(c, x.out, "out");
+  const int64_t o_sT = check_grouped_out(c, x.out, {DType::kBFloat16, DType::kFloat32}, xr, E, H);
   if (!(x.limit > 0.0f)) c.fail("limit", "expected limit > 0, got " + std::to_string(x.limit));
   if (!std::isfinite(x.alpha)) c.fail("alpha", "expected a finite alpha, got " + std::to_string(x.alpha));
   MoeMlpPlan p;
@@ -188,10 +186,7 @@ void gpt_oss_expert_mlp(const ExpertMlpArgs& x, Stream stream) {
     return;
   }
 #if LOWBIT_WITH_CUDA && LOWBIT_WITH_CUTLASS
-  require_aligned16(c, x.w1, "w1", {p.w1_sE, p.w1_sR});
-  require_aligned16(c, x.w2, "w2", {p.w2_sE, p.w2_sR});
-  if (x.packed && (reinterpret_cast<uintptr_t>(p.w1s) % 8 != 0 || reinterpret_cast<uintptr_t>(p.w2s) % 8 != 0))
-    c.fail("w1_scale", "the CUDA kernel needs 8-byte aligned packed scales");
+  require_weight_alignment(c, x, p);
   if (M >= (int64_t(1) << 31)) c.fail("x", "the CUDA MLP takes fewer than 2^31 rows, got " + std::to_string(M));
 #endif
   run_on_device<Kernels::kSm90Gemm>(c, [&] { return cuda::gpt_oss_expert_mlp(p, stream.handle); });

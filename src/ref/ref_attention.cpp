@@ -30,6 +30,77 @@ namespace {
 /// e4m3(code) * 2^(scale - 127) in fp64: exact (the fp32 product could overflow).
 inline double mx_value(uint8_t code, uint8_t scale) { return double(decode_e4m3(code)) * double(decode_ue8m0(scale)); }
 
+/// Sequence b: rows q0 .. q0 + sq of q (and out, lse, q_scale), k0 .. k0 + sk of k and v.
+struct SeqRows {
+  int64_t q0 = 0, k0 = 0, sq = 0, sk = 0;
+};
+
+SeqRows seq_rows(const AttnMxfp8Plan& p, int64_t b) {
+  SeqRows r{0, 0, p.seqlen_q, p.seqlen_k};
+  if (p.varlen) {
+    r.q0 = p.cu_seqlens_q[b];
+    r.k0 = p.cu_seqlens_k[b];
+    r.sq = p.cu_seqlens_q[b + 1] - r.q0;
+    r.sk = p.cu_seqlens_k[b + 1] - r.k0;
+  }
+  return r;
+}
+
+/// Keys 0 .. n-1 are visible to row i of the sequence (causal: bottom-right aligned, j <= i + sk - sq).
+int64_t visible_keys(const AttnMxfp8Plan& p, const SeqRows& r, int64_t i) {
+  return p.causal ? std::max<int64_t>(0, std::min<int64_t>(r.sk, i + r.sk - r.sq + 1)) : r.sk;
+}
+
+/// One query row's outputs: out [d] (bf16 bits) and lse.
+struct RowOut {
+  uint16_t* out;
+  float* lse;
+  RowOut(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x, int64_t b, int64_t h, int64_t row)
+      : out(x.out + b * p.o_stride[0] + row * p.o_stride[1] + h * p.o_stride[2]),
+        lse(x.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + row * p.lse_stride[2]) {}
+  /// A row that sees no key.
+  void empty(int64_t d) const {
+    for (int64_t c = 0; c < d; ++c) out[c] = 0;  // +0.0
+    *lse = -std::numeric_limits<float>::infinity();
+  }
+  /// A row with a NaN score.
+  void nan(int64_t d) const {
+    for (int64_t c = 0; c < d; ++c) out[c] = bf16_from_double(std::numeric_limits<double>::quiet_NaN());
+    *lse = std::numeric_limits<float>::quiet_NaN();
+  }
+};
+
+/// f(i, n, row outputs) for the rows i of sequence b, head h that see n >= 1 keys; a row that
+/// sees none is written here (out +0, lse -inf).
+template <typename F>
+void for_each_seen_row(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x, int64_t b, int64_t h, const SeqRows& r, F&& f) {
+  for (int64_t i = 0; i < r.sq; ++i) {
+    const RowOut ro(p, x, b, h, r.q0 + i);
+    const int64_t n = visible_keys(p, r, i);
+    if (n == 0) {
+      ro.empty(p.head_dim);
+      continue;
+    }
+    f(i, n, ro);
+  }
+}
+
+/// s[j] = f * (q . K[j]) for the n visible keys (K [n, d]); returns their maximum, *has_nan when a
+/// score is NaN.
+double row_scores(const double* q, const double* K, int64_t n, int64_t d, double f, double* s, bool* has_nan) {
+  double m = -std::numeric_limits<double>::infinity();
+  *has_nan = false;
+  for (int64_t j = 0; j < n; ++j) {
+    double acc = 0;
+    const double* kj = K + j * d;
+    for (int64_t c = 0; c < d; ++c) acc += q[c] * kj[c];
+    s[j] = f * acc;
+    *has_nan = *has_nan || std::isnan(s[j]);
+    m = std::max(m, s[j]);
+  }
+  return m;
+}
+
 /// Rows [r0, r0 + n) of one head of an MXFP8 operand, dequantized into dst [n, d].
 void load_rows(const uint8_t* codes, const int64_t* cs, const uint8_t* scales, const int64_t* ss, int64_t b,
                int64_t head, int64_t r0, int64_t n, int64_t d, double* dst) {
@@ -45,46 +116,21 @@ void load_rows(const uint8_t* codes, const int64_t* cs, const uint8_t* scales, c
 void flash_attn_mxfp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
   const int64_t d = p.head_dim, group = p.heads / p.heads_kv;
   const double scale = double(p.softmax_scale);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
   parallel_for(p.batch * p.heads, [&](int64_t bh) {
     const int64_t b = bh / p.heads, h = bh % p.heads, hk = h / group;
-    // sequence b: rows q0 .. q0 + sq of q (and out, lse, q_scale), k0 .. k0 + sk of k and v
-    int64_t q0 = 0, k0 = 0, sq = p.seqlen_q, sk = p.seqlen_k;
-    if (p.varlen) {
-      q0 = p.cu_seqlens_q[b];
-      k0 = p.cu_seqlens_k[b];
-      sq = p.cu_seqlens_q[b + 1] - q0;
-      sk = p.cu_seqlens_k[b + 1] - k0;
-    }
-    const size_t nk = size_t(sk), nd = size_t(d);
+    const SeqRows r = seq_rows(p, b);
+    const size_t nk = size_t(r.sk), nd = size_t(d);
     std::vector<double> K(nk * nd), V(nk * nd), q(nd), s(nk), o(nd);
-    load_rows(x.k, p.k_stride, x.k_scale, p.ks_stride, b, hk, k0, sk, d, K.data());
-    load_rows(x.v, p.v_stride, x.v_scale, p.vs_stride, b, hk, k0, sk, d, V.data());
-    for (int64_t i = 0; i < sq; ++i) {
-      uint16_t* out = x.out + b * p.o_stride[0] + (q0 + i) * p.o_stride[1] + h * p.o_stride[2];
-      float* lse = x.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + (q0 + i) * p.lse_stride[2];
-      // keys 0 .. n-1 are visible (causal: bottom-right aligned, j <= i + sk - sq)
-      const int64_t n = p.causal ? std::max<int64_t>(0, std::min<int64_t>(sk, i + sk - sq + 1)) : sk;
-      if (n == 0) {
-        for (int64_t c = 0; c < d; ++c) out[c] = 0;  // +0.0
-        *lse = -std::numeric_limits<float>::infinity();
-        continue;
-      }
-      load_rows(x.q, p.q_stride, x.q_scale, p.qs_stride, b, h, q0 + i, 1, d, q.data());
-      double m = -std::numeric_limits<double>::infinity();
+    load_rows(x.k, p.k_stride, x.k_scale, p.ks_stride, b, hk, r.k0, r.sk, d, K.data());
+    load_rows(x.v, p.v_stride, x.v_scale, p.vs_stride, b, hk, r.k0, r.sk, d, V.data());
+    for_each_seen_row(p, x, b, h, r, [&](int64_t i, int64_t n, const RowOut& ro) {
+      load_rows(x.q, p.q_stride, x.q_scale, p.qs_stride, b, h, r.q0 + i, 1, d, q.data());
+      // finite unless NaN: |q k| <= d * (448 * 2^127)^2 fits fp64
       bool has_nan = false;
-      for (int64_t j = 0; j < n; ++j) {
-        double acc = 0;
-        const double* kj = &K[size_t(j * d)];
-        for (int64_t c = 0; c < d; ++c) acc += q[size_t(c)] * kj[c];
-        s[size_t(j)] = scale * acc;  // finite unless NaN: |q k| <= d * (448 * 2^127)^2 fits fp64
-        has_nan = has_nan || std::isnan(s[size_t(j)]);
-        m = std::max(m, s[size_t(j)]);
-      }
+      const double m = row_scores(q.data(), K.data(), n, d, scale, s.data(), &has_nan);
       if (has_nan) {
-        for (int64_t c = 0; c < d; ++c) out[c] = bf16_from_double(nan);
-        *lse = std::numeric_limits<float>::quiet_NaN();
-        continue;
+        ro.nan(d);
+        return;
       }
       double l = 0;
       std::fill(o.begin(), o.end(), 0.0);
@@ -94,9 +140,9 @@ void flash_attn_mxfp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
         const double* vj = &V[size_t(j * d)];
         for (int64_t c = 0; c < d; ++c) o[size_t(c)] += pj * vj[c];  // a NaN v[j, c] stays NaN (0 * NaN too)
       }
-      for (int64_t c = 0; c < d; ++c) out[c] = bf16_from_double(o[size_t(c)] / l);
-      *lse = float(m + std::log(l));
-    }
+      for (int64_t c = 0; c < d; ++c) ro.out[c] = bf16_from_double(o[size_t(c)] / l);
+      *ro.lse = float(m + std::log(l));
+    });
   });
 }
 
@@ -149,60 +195,36 @@ void load_rows_fp8(const uint8_t* codes, const int64_t* cs, const uint8_t* scale
 void flash_attn_mxfp8_fp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
   const int64_t d = p.head_dim, group = p.heads / p.heads_kv, blocks = d / 32;
   const double scale_log2 = double(p.softmax_scale) * 1.4426950408889634;
-  const double nan = std::numeric_limits<double>::quiet_NaN();
   parallel_for(p.batch * p.heads, [&](int64_t bh) {
     const int64_t b = bh / p.heads, h = bh % p.heads, hk = h / group;
-    int64_t q0 = 0, k0 = 0, sq = p.seqlen_q, sk = p.seqlen_k;
-    if (p.varlen) {
-      q0 = p.cu_seqlens_q[b];
-      k0 = p.cu_seqlens_k[b];
-      sq = p.cu_seqlens_q[b + 1] - q0;
-      sk = p.cu_seqlens_k[b + 1] - k0;
-    }
-    const size_t nk = size_t(sk), nd = size_t(d);
-    const std::vector<int> ak = block_maxima(x.k_scale, p.ks_stride, b, hk, k0, sk, blocks);
-    const std::vector<int> av = block_maxima(x.v_scale, p.vs_stride, b, hk, k0, sk, blocks);
+    const SeqRows r = seq_rows(p, b);
+    const size_t nk = size_t(r.sk), nd = size_t(d);
+    const std::vector<int> ak = block_maxima(x.k_scale, p.ks_stride, b, hk, r.k0, r.sk, blocks);
+    const std::vector<int> av = block_maxima(x.v_scale, p.vs_stride, b, hk, r.k0, r.sk, blocks);
     std::vector<double> K(nk * nd), V(nk * nd), q(nd), s(nk), o(nd);
     // K' = e4m3(k code * 2^(k_scale - Ak)), V' likewise: per-block references, no per-row one
     std::vector<int> neg_ak(ak.size()), neg_av(av.size());
     for (size_t i = 0; i < ak.size(); ++i) neg_ak[i] = -ak[i];
     for (size_t i = 0; i < av.size(); ++i) neg_av[i] = -av[i];
     auto no_row_ref = [](const uint8_t*) { return 0; };
-    load_rows_fp8(x.k, p.k_stride, x.k_scale, p.ks_stride, b, hk, k0, sk, d, neg_ak, no_row_ref, K.data());
-    load_rows_fp8(x.v, p.v_stride, x.v_scale, p.vs_stride, b, hk, k0, sk, d, neg_av, no_row_ref, V.data());
+    load_rows_fp8(x.k, p.k_stride, x.k_scale, p.ks_stride, b, hk, r.k0, r.sk, d, neg_ak, no_row_ref, K.data());
+    load_rows_fp8(x.v, p.v_stride, x.v_scale, p.vs_stride, b, hk, r.k0, r.sk, d, neg_av, no_row_ref, V.data());
     // R_i = max over finite blocks of q_scale + Ak (254 where the row has none)
     auto q_ref = [&](const uint8_t* sc) {
-      int r = kNoScale;
+      int rr = kNoScale;
       for (int64_t i = 0; i < blocks; ++i)
-        if (sc[i] != 255) r = std::max(r, int(sc[i]) + ak[size_t(i)]);
-      return r == kNoScale ? 254 : r;
+        if (sc[i] != 255) rr = std::max(rr, int(sc[i]) + ak[size_t(i)]);
+      return rr == kNoScale ? 254 : rr;
     };
-    for (int64_t i = 0; i < sq; ++i) {
-      uint16_t* out = x.out + b * p.o_stride[0] + (q0 + i) * p.o_stride[1] + h * p.o_stride[2];
-      float* lse = x.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + (q0 + i) * p.lse_stride[2];
-      const int64_t n = p.causal ? std::max<int64_t>(0, std::min<int64_t>(sk, i + sk - sq + 1)) : sk;
-      if (n == 0) {
-        for (int64_t c = 0; c < d; ++c) out[c] = 0;  // +0.0
-        *lse = -std::numeric_limits<float>::infinity();
-        continue;
-      }
-      load_rows_fp8(x.q, p.q_stride, x.q_scale, p.qs_stride, b, h, q0 + i, 1, d, ak, q_ref, q.data());
-      const uint8_t* qsc = x.q_scale + b * p.qs_stride[0] + h * p.qs_stride[1] + (q0 + i) * p.qs_stride[2];
+    for_each_seen_row(p, x, b, h, r, [&](int64_t i, int64_t n, const RowOut& ro) {
+      load_rows_fp8(x.q, p.q_stride, x.q_scale, p.qs_stride, b, h, r.q0 + i, 1, d, ak, q_ref, q.data());
+      const uint8_t* qsc = x.q_scale + b * p.qs_stride[0] + h * p.qs_stride[1] + (r.q0 + i) * p.qs_stride[2];
       const double rf = scale_log2 * std::ldexp(1.0, q_ref(qsc) - 254);
-      double m = -std::numeric_limits<double>::infinity();
       bool has_nan = false;
-      for (int64_t j = 0; j < n; ++j) {
-        double acc = 0;
-        const double* kj = &K[size_t(j * d)];
-        for (int64_t c = 0; c < d; ++c) acc += q[size_t(c)] * kj[c];
-        s[size_t(j)] = rf * acc;  // base 2
-        has_nan = has_nan || std::isnan(s[size_t(j)]);
-        m = std::max(m, s[size_t(j)]);
-      }
+      const double m = row_scores(q.data(), K.data(), n, d, rf, s.data(), &has_nan);  // base 2
       if (has_nan) {
-        for (int64_t c = 0; c < d; ++c) out[c] = bf16_from_double(nan);
-        *lse = std::numeric_limits<float>::quiet_NaN();
-        continue;
+        ro.nan(d);
+        return;
       }
       double l = 0;
       std::fill(o.begin(), o.end(), 0.0);
@@ -213,9 +235,10 @@ void flash_attn_mxfp8_fp8(const AttnMxfp8Plan& p, const AttnMxfp8Ptrs& x) {
         const double* vj = &V[size_t(j * d)];
         for (int64_t c = 0; c < d; ++c) o[size_t(c)] += p8 * vj[c];  // a NaN v'[j, c] stays NaN (0 * NaN too)
       }
-      for (int64_t c = 0; c < d; ++c) out[c] = bf16_from_double(o[size_t(c)] * std::ldexp(1.0, av[size_t(c / 32)] - 127) / l);
-      *lse = float((m + std::log2(l) - 8.0) * 0.69314718055994531);
-    }
+      for (int64_t c = 0; c < d; ++c)
+        ro.out[c] = bf16_from_double(o[size_t(c)] * std::ldexp(1.0, av[size_t(c / 32)] - 127) / l);
+      *ro.lse = float((m + std::log2(l) - 8.0) * 0.69314718055994531);
+    });
   });
 }
 

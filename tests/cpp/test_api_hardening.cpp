@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "api/check.hpp"
+#include "arg_error_util.hpp"
 #include "lowbit/error.hpp"
 #include "lowbit/gemm.hpp"
 #include "lowbit/ops.hpp"
@@ -24,17 +25,7 @@ namespace {
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
 void expect_arg(const std::function<void()>& fn, const std::string& arg, const std::string& also = "") {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected ArgumentError for '" << arg << "'";
-  } catch (const ArgumentError& e) {
-    const std::string w = e.what();
-    EXPECT_EQ(e.arg(), arg) << w;
-    EXPECT_NE(w.find("argument '" + arg + "'"), std::string::npos) << w;
-    if (!also.empty()) EXPECT_NE(w.find(also), std::string::npos) << w;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
+  argtest::expect_arg_error(fn, arg, also);
 }
 
 bool all_equal(const std::vector<uint8_t>& v, uint8_t b) {

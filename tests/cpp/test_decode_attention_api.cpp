@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "arg_error_util.hpp"
 #include "lowbit/codecs.hpp"
 #include "lowbit/decode_attention.hpp"
 #include "lowbit/error.hpp"
@@ -65,17 +66,7 @@ struct Bufs {
 template <typename Untouched>
 void expect_arg_error(const std::function<void()>& fn, const std::string& op, const std::string& arg,
                       const std::string& also, Untouched untouched) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected ArgumentError for '" << arg << "'";
-  } catch (const ArgumentError& e) {
-    const std::string w = e.what();
-    EXPECT_EQ(e.op(), op) << w;
-    EXPECT_EQ(e.arg(), arg) << w;
-    if (!also.empty()) EXPECT_NE(w.find(also), std::string::npos) << w;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type for '" << arg << "': " << e.what();
-  }
+  argtest::expect_arg_error(fn, arg, also, op);
   EXPECT_TRUE(untouched()) << "an output was written before the error for '" << arg << "'";
 }
 

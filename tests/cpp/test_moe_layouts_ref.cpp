@@ -11,29 +11,15 @@
 #include <vector>
 
 #include "lowbit/moe.hpp"
+#include "moe_test_util.hpp"
 #include "ref_formats.hpp"
 
 using namespace lowbit;
+using moetest::act_round;
+using moetest::mxfp4_weights;
+using moetest::Weights;
 
 namespace {
-
-struct Weights {
-  std::vector<uint8_t> q, s;
-  std::vector<float> deq;  // [G, N, K]
-};
-
-Weights mxfp4_weights(int64_t G, int64_t N, int64_t K, uint64_t seed, float scale) {
-  Weights w;
-  auto f = reftest::randn(size_t(G * N * K), seed, scale);
-  w.q.resize(size_t(G * N * K / 2));
-  w.s.resize(size_t(G * N * K / 32));
-  w.deq.resize(f.size());
-  quantize(TensorView(f.data(), DType::kFloat32, {G, N, K}), BlockFormat::mxfp4(), ScaleLayout::row_major(),
-           TensorView(w.q.data(), DType::kUInt8, {G, N, K / 2}), TensorView(w.s.data(), DType::kUE8M0, {G, N, K / 32}));
-  dequantize(TensorView(w.q.data(), DType::kUInt8, {G, N, K / 2}), TensorView(w.s.data(), DType::kUE8M0, {G, N, K / 32}),
-             BlockFormat::mxfp4(), ScaleLayout::row_major(), TensorView(w.deq.data(), DType::kFloat32, {G, N, K}));
-  return w;
-}
 
 constexpr uint16_t kPoison = 0x7FC1;  // a bf16 NaN the kernels never write
 
@@ -144,21 +130,6 @@ TEST(GroupGemmLayouts, HostCountsRefusedNamingTheArgument) {
   call({}, true, true, "m_counts");             // masked without counts
   call({1, 1, 1}, false, false, "m_counts");    // not [G]
 }
-
-namespace {
-void act_round(std::vector<float>& v, bool mxfp8) {
-  const int64_t n = int64_t(v.size());
-  if (!mxfp8) {
-    for (auto& x : v) x = decode_bf16(encode_bf16(x));
-    return;
-  }
-  std::vector<uint8_t> q(v.size()), s(v.size() / 32);
-  quantize(TensorView(v.data(), DType::kFloat32, {1, n}), BlockFormat::mxfp8(), ScaleLayout::row_major(),
-           TensorView(q.data(), DType::kE4M3, {1, n}), TensorView(s.data(), DType::kUE8M0, {1, n / 32}));
-  dequantize(TensorView(q.data(), DType::kE4M3, {1, n}), TensorView(s.data(), DType::kUE8M0, {1, n / 32}),
-             BlockFormat::mxfp8(), ScaleLayout::row_major(), TensorView(v.data(), DType::kFloat32, {1, n}));
-}
-}  // namespace
 
 class ExpertMlpRef : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 

@@ -7,45 +7,22 @@
 #include <vector>
 
 #include "lowbit/moe.hpp"
+#include "moe_test_util.hpp"
 #include "ref_formats.hpp"
 
 using namespace lowbit;
-
-namespace {
-/// act() of the MLP through the public quantize/dequantize API.
-void act_round(std::vector<float>& v, bool mxfp8) {
-  const int64_t n = int64_t(v.size());
-  if (!mxfp8) {
-    for (auto& x : v) x = decode_bf16(encode_bf16(x));
-    return;
-  }
-  std::vector<uint8_t> q(v.size()), s(v.size() / 32);
-  quantize(TensorView(v.data(), DType::kFloat32, {1, n}), BlockFormat::mxfp8(), ScaleLayout::row_major(),
-           TensorView(q.data(), DType::kE4M3, {1, n}), TensorView(s.data(), DType::kUE8M0, {1, n / 32}));
-  dequantize(TensorView(q.data(), DType::kE4M3, {1, n}), TensorView(s.data(), DType::kUE8M0, {1, n / 32}),
-             BlockFormat::mxfp8(), ScaleLayout::row_major(), TensorView(v.data(), DType::kFloat32, {1, n}));
-}
-}  // namespace
+using moetest::act_round;
 
 class MoeMlpRef : public ::testing::TestWithParam<bool> {};
 
 TEST_P(MoeMlpRef, MatchesIndependentFormulation) {
   const bool mxfp8 = GetParam();
   const int64_t T = 5, H = 64, I = 96, E = 4, k = 2;
-  auto w1f = reftest::randn(size_t(E * 2 * I * H), 11, 0.3f), w2f = reftest::randn(size_t(E * H * I), 12, 0.3f);
+  moetest::Weights w1 = moetest::mxfp4_weights(E, 2 * I, H, 11, 0.3f), w2 = moetest::mxfp4_weights(E, H, I, 12, 0.3f);
+  const std::vector<float>& W1 = w1.deq;
+  const std::vector<float>& W2 = w2.deq;
   auto b1 = reftest::randn(size_t(E * 2 * I), 13, 0.5f), b2 = reftest::randn(size_t(E * H), 14, 0.5f);
   auto x = reftest::randn(size_t(T * H), 15, 1.0f);
-  std::vector<uint8_t> w1(size_t(E * 2 * I * H / 2)), w1s(size_t(E * 2 * I * H / 32)), w2(size_t(E * H * I / 2)),
-      w2s(size_t(E * H * I / 32));
-  quantize(TensorView(w1f.data(), DType::kFloat32, {E, 2 * I, H}), BlockFormat::mxfp4(), ScaleLayout::row_major(),
-           TensorView(w1.data(), DType::kUInt8, {E, 2 * I, H / 2}), TensorView(w1s.data(), DType::kUE8M0, {E, 2 * I, H / 32}));
-  quantize(TensorView(w2f.data(), DType::kFloat32, {E, H, I}), BlockFormat::mxfp4(), ScaleLayout::row_major(),
-           TensorView(w2.data(), DType::kUInt8, {E, H, I / 2}), TensorView(w2s.data(), DType::kUE8M0, {E, H, I / 32}));
-  std::vector<float> W1(w1f.size()), W2(w2f.size());
-  dequantize(TensorView(w1.data(), DType::kUInt8, {E, 2 * I, H / 2}), TensorView(w1s.data(), DType::kUE8M0, {E, 2 * I, H / 32}),
-             BlockFormat::mxfp4(), ScaleLayout::row_major(), TensorView(W1.data(), DType::kFloat32, {E, 2 * I, H}));
-  dequantize(TensorView(w2.data(), DType::kUInt8, {E, H, I / 2}), TensorView(w2s.data(), DType::kUE8M0, {E, H, I / 32}),
-             BlockFormat::mxfp4(), ScaleLayout::row_major(), TensorView(W2.data(), DType::kFloat32, {E, H, I}));
   std::vector<int32_t> ids = {0, 3, 2, 2, 1, -1, 3, 0, 1, 2};
   std::vector<float> wts = {0.6f, 0.4f, 0.5f, 0.5f, 1.0f, 0.0f, 0.3f, 0.7f, 0.9f, 0.1f};
   std::vector<uint16_t> out(size_t(T * H), 0xFFFF);
@@ -54,11 +31,11 @@ TEST_P(MoeMlpRef, MatchesIndependentFormulation) {
   a.x = TensorView(x.data(), DType::kFloat32, {T, H});
   a.topk_ids = TensorView(ids.data(), DType::kInt32, {T, k});
   a.topk_weights = TensorView(wts.data(), DType::kFloat32, {T, k});
-  a.w1 = TensorView(w1.data(), DType::kUInt8, {E, 2 * I, H / 2});
-  a.w1_scale = TensorView(w1s.data(), DType::kUE8M0, {E, 2 * I, H / 32});
+  a.w1 = TensorView(w1.q.data(), DType::kUInt8, {E, 2 * I, H / 2});
+  a.w1_scale = TensorView(w1.s.data(), DType::kUE8M0, {E, 2 * I, H / 32});
   a.b1 = TensorView(b1.data(), DType::kFloat32, {E, 2 * I});
-  a.w2 = TensorView(w2.data(), DType::kUInt8, {E, H, I / 2});
-  a.w2_scale = TensorView(w2s.data(), DType::kUE8M0, {E, H, I / 32});
+  a.w2 = TensorView(w2.q.data(), DType::kUInt8, {E, H, I / 2});
+  a.w2_scale = TensorView(w2.s.data(), DType::kUE8M0, {E, H, I / 32});
   a.b2 = TensorView(b2.data(), DType::kFloat32, {E, H});
   a.act = mxfp8 ? ActQuant::kMXFP8 : ActQuant::kBF16;
   a.out = TensorView(out.data(), DType::kBFloat16, {T, H});

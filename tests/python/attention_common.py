@@ -3,6 +3,7 @@ CPU, test_attention_gpu.py on the GPU): the kernels' constants, an independent N
 (ml_dtypes decoding, fp64), an independent NumPy model of the FP8 tensor-core path, FlashAttention-3's
 low-precision O_pt in NumPy, and the input generators."""
 
+import collections
 import math
 
 import ml_dtypes
@@ -38,13 +39,27 @@ def np_dequant(codes, scales):
     return vals * np.repeat(sv, 32, axis=-1)
 
 
+def visible_keys(i, sq, sk, causal):
+    """Keys 0 .. n-1 are visible to query row i (causal: bottom-right aligned, j <= i + sk - sq)."""
+    return max(0, min(sk, i + sk - sq + 1)) if causal else sk
+
+
+def _per_head(q, k):
+    """The outputs of a fixed-length attention, out [b, sq, h, d] zeros and lse [b, h, sq] -inf,
+    and its heads (bb, hh, kh: batch, query head, its K / V head) of q [b, sq, h, d], k [b, sk, hk, d]."""
+    b, sq, h, d = q.shape
+    hk = k.shape[2]
+    heads = [(bb, hh, hh // (h // hk)) for bb in range(b) for hh in range(h)]
+    return np.zeros((b, sq, h, d)), np.full((b, h, sq), -np.inf), heads
+
+
 def np_attention(q, k, v, scale, causal):
     """q [sq, d], k / v [sk, d] fp64 -> (out [sq, d], lse [sq]) by the rules of docs/attention.md."""
     sq, sk, d = q.shape[0], k.shape[0], q.shape[1]
     out = np.zeros((sq, d))
     lse = np.full(sq, -np.inf)
     for i in range(sq):
-        n = max(0, min(sk, i + sk - sq + 1)) if causal else sk
+        n = visible_keys(i, sq, sk, causal)
         if n == 0:
             continue
         s = (q[i][None, :] * k[:n]).sum(-1) * scale
@@ -62,17 +77,12 @@ def np_attention(q, k, v, scale, causal):
 
 def np_reference(q, k, v, qs, ks, vs, scale, causal):
     """Fixed-length: q [b, sq, h, d] codes, qs [b, h, sq, d/32], ... -> out, lse (fp64)."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    out = np.zeros((b, sq, h, d))
-    lse = np.zeros((b, h, sq))
-    for bb in range(b):
-        for hh in range(h):
-            kh = hh // (h // hk)
-            qd = np_dequant(q[bb, :, hh], qs[bb, hh])
-            kd = np_dequant(k[bb, :, kh], ks[bb, kh])
-            vd = np_dequant(v[bb, :, kh], vs[bb, kh])
-            out[bb, :, hh], lse[bb, hh] = np_attention(qd, kd, vd, scale, causal)
+    out, lse, heads = _per_head(q, k)
+    for bb, hh, kh in heads:
+        qd = np_dequant(q[bb, :, hh], qs[bb, hh])
+        kd = np_dequant(k[bb, :, kh], ks[bb, kh])
+        vd = np_dequant(v[bb, :, kh], vs[bb, kh])
+        out[bb, :, hh], lse[bb, hh] = np_attention(qd, kd, vd, scale, causal)
     return out, lse
 
 
@@ -114,6 +124,71 @@ def make_inputs(b, sq, sk, h, hk, d, seed=0, spread=0):
     return q.view(np.uint8), k.view(np.uint8), v.view(np.uint8), clip(qs), clip(ks), clip(vs)
 
 
+VarlenCase = collections.namedtuple("VarlenCase", "seqs cq ck max_q max_k packed")
+
+
+def varlen_case(h, hk, d, seed):
+    """Four sequences of make_inputs data (query rows 3, 0, 5, 1; keys 4, 2, 0, 6: one without
+    queries, one without keys): seqs, each alone as fixed-length inputs (at least one row); cq, ck
+    (int32 boundaries), max_q, max_k; packed, the q, k, v, qs, ks, vs of the varlen call."""
+    lq, lk = [3, 0, 5, 1], [4, 2, 0, 6]
+    seqs = [make_inputs(1, max(a, 1), max(c, 1), h, hk, d, seed=seed + i, spread=5) for i, (a, c) in enumerate(zip(lq, lk))]
+    cq, ck = np.cumsum([0] + lq).astype(np.int32), np.cumsum([0] + lk).astype(np.int32)
+    cat = lambda parts, axis: np.concatenate(parts, axis=axis)  # noqa: E731
+    q = cat([s[0][0, :n] for s, n in zip(seqs, lq)], 0)
+    k = cat([s[1][0, :n] for s, n in zip(seqs, lk)], 0)
+    v = cat([s[2][0, :n] for s, n in zip(seqs, lk)], 0)
+    qs = cat([s[3][0, :, :n] for s, n in zip(seqs, lq)], 1)
+    ks = cat([s[4][0, :, :n] for s, n in zip(seqs, lk)], 1)
+    vs = cat([s[5][0, :, :n] for s, n in zip(seqs, lk)], 1)
+    return VarlenCase(seqs, cq, ck, max(lq), max(lk), (q, k, v, qs, ks, vs))
+
+
+def check_varlen_rows(case, out, lse, fixed):
+    """out / lse of a varlen call on case.packed against fixed(*seq) (flash_attn_mxfp8_func's
+    out, lse) of each sequence alone, bit for bit; a sequence without keys: out +0, lse -inf."""
+    cq, ck = case.cq, case.ck
+    for i, s in enumerate(case.seqs):
+        if cq[i + 1] == cq[i]:
+            continue
+        o_i, l_i = out[cq[i]:cq[i + 1]], lse[:, cq[i]:cq[i + 1]]
+        if ck[i + 1] == ck[i]:
+            assert (o_i.view(np.uint16) == 0).all() and (l_i == -np.inf).all()
+            continue
+        fo, fl = fixed(*s)
+        np.testing.assert_array_equal(o_i.view(np.uint16), fo[0].view(np.uint16))
+        np.testing.assert_array_equal(l_i, fl[0])
+
+
+
+def nan_rule_inputs(v_scale_nan=False):
+    """make_inputs(1, 6, 6, 2, 1, 64, seed=5) with NaNs (causal rows): q row 2 of head 1 (a scale),
+    key 3 (a code: rows 3.. see it), v[1, 7] (a code: rows 1..) and, with v_scale_nan, v[4, 32..63]
+    (a scale: rows 4..)."""
+    q, k, v, qs, ks, vs = make_inputs(1, 6, 6, 2, 1, 64, seed=5)
+    qs[0, 1, 2, 1] = 255  # q row 2 of head 1
+    k[0, 3, 0, 5] = 0x7F  # key 3 (rows 3.. see it, causal)
+    v[0, 1, 0, 7] = 0xFF  # v[1, 7]: rows 1.. see it
+    if v_scale_nan:
+        vs[0, 0, 4, 1] = 255  # v[4, 32..63]: rows 4.. see it
+    return q, k, v, qs, ks, vs
+
+
+def check_nan_rules(out, lse, v_scale_nan=False):
+    """Where a causal call on nan_rule_inputs(v_scale_nan) gives NaN: a row's lse and whole out for
+    a NaN score, else the out channels of the NaN values it sees."""
+    o = out.astype(np.float64)
+    for h in range(2):
+        for i in range(6):
+            row_nan = i >= 3 or (h == 1 and i == 2)
+            assert np.isnan(lse[0, h, i]) == row_nan
+            want = np.full(64, row_nan)
+            if i >= 1:
+                want[7] = True
+            if v_scale_nan and i >= 4:
+                want[32:] = True
+            np.testing.assert_array_equal(np.isnan(o[0, i, h]), want)
+
 # ---------------------------------------------------------------------------------------------
 # the FP8 path: its arithmetic model, FlashAttention-3's O_pt, exactly representable inputs
 
@@ -136,45 +211,41 @@ def _block_max(s):
 def np_fp8_model(q, k, v, qs, ks, vs, scale, causal):
     """The FP8 path's arithmetic (docs/attention.md, "Precision"), independently of the library:
     q [b, sq, h, d] codes, qs [b, h, sq, d/32], ... -> out, lse (fp64, out not rounded)."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    out = np.zeros((b, sq, h, d))
-    lse = np.full((b, h, sq), -np.inf)
-    for bb in range(b):
-        for hh in range(h):
-            kh = hh // (h // hk)
-            ksb, vsb, qsb = (np.asarray(x).astype(np.int64) for x in (ks[bb, kh], vs[bb, kh], qs[bb, hh]))
-            ak, av = _block_max(ksb), _block_max(vsb)
-            code = lambda c: np.asarray(c).view(np.uint8).view(E4M3).astype(np.float64)  # noqa: E731
+    sq, sk = q.shape[1], k.shape[1]
+    out, lse, heads = _per_head(q, k)
+    for bb, hh, kh in heads:
+        ksb, vsb, qsb = (np.asarray(x).astype(np.int64) for x in (ks[bb, kh], vs[bb, kh], qs[bb, hh]))
+        ak, av = _block_max(ksb), _block_max(vsb)
+        code = lambda c: np.asarray(c).view(np.uint8).view(E4M3).astype(np.float64)  # noqa: E731
 
-            def fold(c, s, shift):  # e4m3(code * 2^shift), NaN for a NaN scale byte
-                with np.errstate(invalid="ignore"):
-                    val = e4m3_round(code(c) * np.ldexp(1.0, np.repeat(np.where(s == 255, 0, shift), 32, -1)))
-                return np.where(np.repeat(s == 255, 32, -1), np.nan, val)
+        def fold(c, s, shift):  # e4m3(code * 2^shift), NaN for a NaN scale byte
+            with np.errstate(invalid="ignore"):
+                val = e4m3_round(code(c) * np.ldexp(1.0, np.repeat(np.where(s == 255, 0, shift), 32, -1)))
+            return np.where(np.repeat(s == 255, 32, -1), np.nan, val)
 
-            kp = fold(k[bb, :, kh], ksb, ksb - ak[None])
-            vp = fold(v[bb, :, kh], vsb, vsb - av[None])
-            prod = np.where(qsb == 255, -1, qsb + ak[None])
-            r = np.where(prod.max(1) < 0, 254, prod.max(1))
-            qp = fold(q[bb, :, hh], qsb, qsb + ak[None] - r[:, None])
-            with np.errstate(invalid="ignore", over="ignore"):
-                s2 = (qp @ kp.T) * (np.ldexp(1.0, r - 254) * scale * math.log2(math.e))[:, None]
-            for i in range(sq):
-                n = max(0, min(sk, i + sk - sq + 1)) if causal else sk
-                if n == 0:
-                    continue
-                si = s2[i, :n]
-                if np.isnan(si).any():
-                    out[bb, i, hh] = np.nan
-                    lse[bb, hh, i] = np.nan
-                    continue
-                m = si.max()
-                p = np.exp2(8.0 + si - m)
-                l = p.sum()
-                with np.errstate(invalid="ignore"):
-                    o = (e4m3_round(p)[:, None] * vp[:n]).sum(0)
-                out[bb, i, hh] = o * np.repeat(np.ldexp(1.0, av - 127), 32) / l
-                lse[bb, hh, i] = (m + math.log2(l) - 8.0) * math.log(2.0)
+        kp = fold(k[bb, :, kh], ksb, ksb - ak[None])
+        vp = fold(v[bb, :, kh], vsb, vsb - av[None])
+        prod = np.where(qsb == 255, -1, qsb + ak[None])
+        r = np.where(prod.max(1) < 0, 254, prod.max(1))
+        qp = fold(q[bb, :, hh], qsb, qsb + ak[None] - r[:, None])
+        with np.errstate(invalid="ignore", over="ignore"):
+            s2 = (qp @ kp.T) * (np.ldexp(1.0, r - 254) * scale * math.log2(math.e))[:, None]
+        for i in range(sq):
+            n = visible_keys(i, sq, sk, causal)
+            if n == 0:
+                continue
+            si = s2[i, :n]
+            if np.isnan(si).any():
+                out[bb, i, hh] = np.nan
+                lse[bb, hh, i] = np.nan
+                continue
+            m = si.max()
+            p = np.exp2(8.0 + si - m)
+            l = p.sum()
+            with np.errstate(invalid="ignore"):
+                o = (e4m3_round(p)[:, None] * vp[:n]).sum(0)
+            out[bb, i, hh] = o * np.repeat(np.ldexp(1.0, av - 127), 32) / l
+            lse[bb, hh, i] = (m + math.log2(l) - 8.0) * math.log(2.0)
     return out, lse
 
 
@@ -186,25 +257,22 @@ def np_o_pt(q, k, v, qs, ks, vs, scale, causal, p_dtype):
     """FlashAttention-3's low-precision attention of the dequantized inputs, emulated in NumPy: bf16
     copies, K pre-multiplied by the softmax scale (rounded to bf16), bf16 scores, softmax in fp32,
     P rounded to bf16 then (p_dtype "e4m3") to E4M3, bf16 PV product. Finite inputs."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    out = np.zeros((b, sq, h, d))
+    sq, sk = q.shape[1], k.shape[1]
+    out, _, heads = _per_head(q, k)
     vis = (np.arange(sk)[None] <= np.arange(sq)[:, None] + sk - sq) if causal else np.ones((sq, sk), bool)
     empty = ~vis.any(1)
-    for bb in range(b):
-        for hh in range(h):
-            kh = hh // (h // hk)
-            qd = _bf16(np_dequant(q[bb, :, hh], qs[bb, hh]))
-            kd = _bf16(_bf16(np_dequant(k[bb, :, kh], ks[bb, kh])) * np.float32(scale))
-            vd = _bf16(np_dequant(v[bb, :, kh], vs[bb, kh]))
-            sc = np.where(vis, _bf16(qd @ kd.T), -np.inf).astype(np.float32)
-            m = np.where(empty, 0, sc.max(1, initial=-np.inf))[:, None]
-            p = np.exp(sc - m)
-            p = p / np.where(empty, 1, p.sum(1))[:, None]
-            p = _bf16(p)
-            if p_dtype == "e4m3":
-                p = e4m3_round(p)
-            out[bb, :, hh] = np.where(empty[:, None], 0, _bf16(p @ vd))
+    for bb, hh, kh in heads:
+        qd = _bf16(np_dequant(q[bb, :, hh], qs[bb, hh]))
+        kd = _bf16(_bf16(np_dequant(k[bb, :, kh], ks[bb, kh])) * np.float32(scale))
+        vd = _bf16(np_dequant(v[bb, :, kh], vs[bb, kh]))
+        sc = np.where(vis, _bf16(qd @ kd.T), -np.inf).astype(np.float32)
+        m = np.where(empty, 0, sc.max(1, initial=-np.inf))[:, None]
+        p = np.exp(sc - m)
+        p = p / np.where(empty, 1, p.sum(1))[:, None]
+        p = _bf16(p)
+        if p_dtype == "e4m3":
+            p = e4m3_round(p)
+        out[bb, :, hh] = np.where(empty[:, None], 0, _bf16(p @ vd))
     return out
 
 
@@ -259,23 +327,19 @@ def np_base2_reference(q, k, v, qs, ks, vs, causal):
     """out, lse of exact_fp8_inputs' data with base-2 scores s = q . k (what softmax_scale =
     float32(ln 2) gives the kernels: softmax_scale log2(e) rounds to 1 in fp32): P = 2^(s - m)
     exactly, sums in fp64 (exact here), lse = (m + log2 l) ln 2."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    out = np.zeros((b, sq, h, d))
-    lse = np.full((b, h, sq), -np.inf)
-    for bb in range(b):
-        for hh in range(h):
-            kh = hh // (h // hk)
-            qd, kd, vd = np_dequant(q[bb, :, hh], qs[bb, hh]), np_dequant(k[bb, :, kh], ks[bb, kh]), np_dequant(v[bb, :, kh], vs[bb, kh])
-            for i in range(sq):
-                n = max(0, min(sk, i + sk - sq + 1)) if causal else sk
-                if n == 0:
-                    continue
-                s2 = kd[:n] @ qd[i]
-                m = s2.max()
-                p = np.exp2(s2 - m)
-                out[bb, i, hh] = (p[:, None] * vd[:n]).sum(0) / p.sum()
-                lse[bb, hh, i] = (m + math.log2(p.sum())) * math.log(2.0)
+    sq, sk = q.shape[1], k.shape[1]
+    out, lse, heads = _per_head(q, k)
+    for bb, hh, kh in heads:
+        qd, kd, vd = np_dequant(q[bb, :, hh], qs[bb, hh]), np_dequant(k[bb, :, kh], ks[bb, kh]), np_dequant(v[bb, :, kh], vs[bb, kh])
+        for i in range(sq):
+            n = visible_keys(i, sq, sk, causal)
+            if n == 0:
+                continue
+            s2 = kd[:n] @ qd[i]
+            m = s2.max()
+            p = np.exp2(s2 - m)
+            out[bb, i, hh] = (p[:, None] * vd[:n]).sum(0) / p.sum()
+            lse[bb, hh, i] = (m + math.log2(p.sum())) * math.log(2.0)
     return out, lse
 
 

@@ -27,12 +27,10 @@ fuzzfiles_scenarios (the fixed scenarios, KNOWN_FILES).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -82,22 +80,17 @@ def worker(seed, start, stop, deadline, out=sys.stdout):
     import traceback
 
     faulthandler.enable()
-    i = start
-    while i < stop and (i < len(KNOWN_FILES) or time.time() < deadline):
-        out.write(f"B {i}\n")
-        out.flush()
+
+    def one(i):
         desc = f"case {i}"
         try:
             case = get_case(seed, i)
             desc = case.describe()
-            findings = run_any(case, i)
+            return desc, run_any(case, i)
         except Exception as e:  # noqa: BLE001
-            findings = [("harness_error", f"{type(e).__name__}: {e} | {traceback.format_exc(limit=4)[-400:]}")]
-        for cat, msg in findings:
-            out.write("F " + json.dumps({"i": i, "cat": cat, "msg": msg, "call": desc}) + "\n")
-        i += 1
-    out.write(f"DONE {i}\n")
-    out.flush()
+            return desc, [("harness_error", f"{type(e).__name__}: {e} | {traceback.format_exc(limit=4)[-400:]}")]
+
+    fuzzlib.serve(start, stop, deadline, len(KNOWN_FILES), one, out)
 
 
 def describe_index(seed, i):
@@ -112,36 +105,15 @@ def run_file_fuzz(seed=0, seconds=60.0, files=None, **kw):
     return fuzzlib.run_fuzz(os.path.abspath(__file__), describe_index, seed, seconds, files, **kw)
 
 
-def main(argv=None):
-    import argparse
+def replay(seed, i):
+    case = get_case(seed, i)
+    print(f"#{i} {case.describe()}")
+    for cat, msg in run_any(case, i) or [("ok", "")]:
+        print(f"  {cat}: {msg}")
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seed", type=int, default=fuzzlib.env_int("LOWBIT_FUZZ_SEED", 0))
-    ap.add_argument("--worker", action="store_true")
-    ap.add_argument("--start", type=int, default=0)
-    ap.add_argument("--stop", type=int, default=1 << 62)
-    ap.add_argument("--deadline", type=float, default=0.0)
-    ap.add_argument("--replay", type=int, action="append", default=[])
-    ap.add_argument("--files", type=int, default=None)
-    ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--json", metavar="FILE")
-    a = ap.parse_args(argv)
-    if a.worker:
-        worker(a.seed, a.start, a.stop, a.deadline or time.time() + 3600)
-        return 0
-    if a.replay:
-        for i in a.replay:
-            case = get_case(a.seed, i)
-            print(f"#{i} {case.describe()}")
-            for cat, msg in run_any(case, i) or [("ok", "")]:
-                print(f"  {cat}: {msg}")
-        return 0
-    s = run_file_fuzz(a.seed, a.seconds, a.files)
-    print(s.report(a.seed, limit=20))
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"files": s.calls, "seed": a.seed, "findings": s.findings}, fh, indent=1)
-    return 1 if s.findings else 0
+
+def main(argv=None):
+    return fuzzlib.cli(argv, __doc__, "files", worker, replay, run_file_fuzz)
 
 
 if __name__ == "__main__":

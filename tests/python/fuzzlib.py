@@ -80,17 +80,26 @@ def worker(seed, start, stop, deadline, out=sys.stdout):
     faulthandler.enable()
     errors = lowbit_errors()
     known = _known_calls()
-    i = start
-    while i < stop and (i < len(known) or time.time() < deadline):
-        out.write(f"B {i}\n")
-        out.flush()
+
+    def one(i):
         try:
             call = get_call(seed, i, known)
-            desc = call.describe()
-            findings = run_call(call, errors)
+            return call.describe(), run_call(call, errors)
         except Exception as e:  # noqa: BLE001 - a fuzzer bug: report it, go on
-            desc = f"call {i}"
-            findings = [("harness_error", f"{type(e).__name__}: {e} | {traceback.format_exc(limit=3)[-300:]}")]
+            return f"call {i}", [("harness_error", f"{type(e).__name__}: {e} | {traceback.format_exc(limit=3)[-300:]}")]
+
+    return serve(start, stop, deadline, len(known), one, out)
+
+
+def serve(start, stop, deadline, n_known, one, out):
+    """A worker's loop (this file's and fuzzfiles.py's): items [start, stop), the n_known fixed ones
+    whatever the deadline, one(i) -> (description, findings) each; "B i" before an item, "F {json}"
+    per finding, "DONE n" at the end. Returns n."""
+    i = start
+    while i < stop and (i < n_known or time.time() < deadline):
+        out.write(f"B {i}\n")
+        out.flush()
+        desc, findings = one(i)
         for cat, msg in findings:
             out.write("F " + json.dumps({"i": i, "cat": cat, "msg": msg, "call": desc}) + "\n")
         i += 1
@@ -129,6 +138,25 @@ class Summary:
                     break
         return "\n".join(lines)
 
+
+
+def fail_message(run, category, seed, unit, key, call_width):
+    """The failure text of a fuzz test (test_fuzz.py, test_fuzz_files.py) for the findings of
+    `category` in a run of `unit` ("calls", "files"): their count, then the first 25 that differ
+    by key(finding), each call (call_width characters at most) and message."""
+    fs = run.by_category().get(category, [])
+    lines = [f"{len(fs)} findings of category {category!r} ({CATEGORIES[category]}) in {run.calls} {unit}, "
+             f"seed {seed}:"]
+    seen = set()
+    for f in fs:
+        k = key(f)
+        if k in seen:
+            continue
+        seen.add(k)
+        lines.append(f"  #{f['i']} {f['call'][:call_width]}\n      -> {f['msg'][:300]}")
+        if len(seen) >= 25:
+            break
+    return "\n".join(lines)
 
 def _worker_cmd(script, seed, start, stop, deadline):
     return [sys.executable, script, "--worker", "--seed", str(seed), "--start", str(start),
@@ -236,39 +264,51 @@ def env_float(name, default):
     return float(v) if v not in (None, "") else default
 
 
-def main(argv=None):
+def _replay_call(seed, i):
+    call = get_call(seed, i)
+    print(f"#{i} {call.describe()}  (expect {call.expect})")
+    fs = run_call(call)
+    for cat, msg in fs:
+        print(f"  {cat}: {msg}")
+    if not fs:
+        print("  ok")
+
+
+def cli(argv, doc, count, worker_fn, replay_fn, run_fn):
+    """The command line of a fuzzer (this file: API calls; fuzzfiles.py: files; `count` names its
+    items, "calls" or "files"): --worker (a worker process of run_fuzz), --replay I (replay_fn(seed,
+    I) prints item I and its findings), else a run (run_fn(seed, seconds, count)), its report and
+    (--json FILE) the findings. Exit status 1 when there are findings."""
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--seed", type=int, default=env_int("LOWBIT_FUZZ_SEED", 0))
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--stop", type=int, default=1 << 62)
     ap.add_argument("--deadline", type=float, default=0.0)
     ap.add_argument("--replay", type=int, action="append", default=[])
-    ap.add_argument("--calls", type=int, default=None)
+    ap.add_argument(f"--{count}", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--json", metavar="FILE", help="write the findings as JSON")
     a = ap.parse_args(argv)
     if a.worker:
-        worker(a.seed, a.start, a.stop, a.deadline or time.time() + 3600)
+        worker_fn(a.seed, a.start, a.stop, a.deadline or time.time() + 3600)
         return 0
     if a.replay:
         for i in a.replay:
-            call = get_call(a.seed, i)
-            print(f"#{i} {call.describe()}  (expect {call.expect})")
-            fs = run_call(call)
-            for cat, msg in fs:
-                print(f"  {cat}: {msg}")
-            if not fs:
-                print("  ok")
+            replay_fn(a.seed, i)
         return 0
-    s = run_api_fuzz(a.seed, a.seconds, a.calls)
+    s = run_fn(a.seed, a.seconds, getattr(a, count))
     print(s.report(a.seed, limit=20))
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"calls": s.calls, "seed": a.seed, "findings": s.findings}, fh, indent=1)
+            json.dump({count: s.calls, "seed": a.seed, "findings": s.findings}, fh, indent=1)
     return 1 if s.findings else 0
+
+
+def main(argv=None):
+    return cli(argv, __doc__, "calls", worker, _replay_call, run_api_fuzz)
 
 
 if __name__ == "__main__":

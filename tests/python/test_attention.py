@@ -13,7 +13,8 @@ import lowbit
 from lowbit import _C
 
 from npref import mx_quantize
-from attention_common import E4M3, np_dequant, np_reference, assert_close, make_inputs
+from attention_common import (E4M3, assert_close, check_nan_rules, check_varlen_rows, make_inputs, nan_rule_inputs,
+                              np_dequant, np_reference, varlen_case)
 
 CPU_SHAPES = [  # b, sq, sk, h, hk, d, causal
     (1, 1, 5, 1, 1, 64, False), (2, 3, 7, 4, 2, 64, True), (1, 7, 3, 2, 1, 128, True),
@@ -44,30 +45,13 @@ def test_softmax_scale_and_masked_rows():
 
 
 def test_varlen_matches_fixed_length():
-    h, hk, d = 4, 2, 64
-    lq, lk = [3, 0, 5, 1], [4, 2, 0, 6]
-    seqs = [make_inputs(1, max(a, 1), max(c, 1), h, hk, d, seed=10 + i, spread=5) for i, (a, c) in enumerate(zip(lq, lk))]
-    cq, ck = np.cumsum([0] + lq).astype(np.int32), np.cumsum([0] + lk).astype(np.int32)
-    cat = lambda parts, axis: np.concatenate(parts, axis=axis)  # noqa: E731
-    q = cat([s[0][0, :n] for s, n in zip(seqs, lq)], 0)
-    k = cat([s[1][0, :n] for s, n in zip(seqs, lk)], 0)
-    v = cat([s[2][0, :n] for s, n in zip(seqs, lk)], 0)
-    qs = cat([s[3][0, :, :n] for s, n in zip(seqs, lq)], 1)
-    ks = cat([s[4][0, :, :n] for s, n in zip(seqs, lk)], 1)
-    vs = cat([s[5][0, :, :n] for s, n in zip(seqs, lk)], 1)
+    h, d = 4, 64
+    case = varlen_case(h, 2, d, seed=10)
     for causal in (False, True):
-        out, lse = lowbit.flash_attn_mxfp8_varlen_func(q, k, v, qs, ks, vs, cq, list(ck), max(lq), max(lk), causal=causal)
-        assert out.shape == (cq[-1], h, d) and lse.shape == (h, cq[-1])
-        for i, s in enumerate(seqs):
-            if lq[i] == 0:
-                continue
-            o_i, l_i = out[cq[i]:cq[i + 1]], lse[:, cq[i]:cq[i + 1]]
-            if lk[i] == 0:
-                assert (o_i.view(np.uint16) == 0).all() and (l_i == -np.inf).all()
-                continue
-            fo, fl = lowbit.flash_attn_mxfp8_func(*s, causal=causal)
-            np.testing.assert_array_equal(o_i.view(np.uint16), fo[0].view(np.uint16))
-            np.testing.assert_array_equal(l_i, fl[0])
+        out, lse = lowbit.flash_attn_mxfp8_varlen_func(*case.packed, case.cq, list(case.ck), case.max_q, case.max_k,
+                                                       causal=causal)
+        assert out.shape == (case.cq[-1], h, d) and lse.shape == (h, case.cq[-1])
+        check_varlen_rows(case, out, lse, lambda *s: lowbit.flash_attn_mxfp8_func(*s, causal=causal))
 
 
 def test_strided_codes_are_read_by_index():
@@ -81,20 +65,9 @@ def test_strided_codes_are_read_by_index():
 
 
 def test_nan_rules():
-    q, k, v, qs, ks, vs = make_inputs(1, 6, 6, 2, 1, 64, seed=5)
-    qs[0, 1, 2, 1] = 255  # q row 2 of head 1
-    k[0, 3, 0, 5] = 0x7F  # key 3 (rows 3.. see it, causal)
-    v[0, 1, 0, 7] = 0xFF  # v[1, 7]: rows 1.. see it
+    q, k, v, qs, ks, vs = nan_rule_inputs()
     out, lse = lowbit.flash_attn_mxfp8_func(q, k, v, qs, ks, vs, causal=True)
-    o = out.astype(np.float64)
-    for h in range(2):
-        for i in range(6):
-            row_nan = i >= 3 or (h == 1 and i == 2)
-            assert np.isnan(lse[0, h, i]) == row_nan
-            want = np.full(64, row_nan)
-            if i >= 1:
-                want[7] = True
-            np.testing.assert_array_equal(np.isnan(o[0, i, h]), want)
+    check_nan_rules(out, lse)
     assert_close(out, lse, *np_reference(q, k, v, qs, ks, vs, 0.125, True))
 
 

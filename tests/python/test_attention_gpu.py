@@ -274,28 +274,33 @@ def test_gpu_misaligned_codes_are_refused():
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile_and_cuda_graph():
+@pytest.mark.parametrize("precision", ["exact", "fp8"])
+def test_gpu_torch_compile_and_cuda_graph(precision):
     torch = _torch()
     import lowbit.torch_ops  # noqa: F401
 
+    prec = () if precision == "exact" else ("fp8",)  # the exact path through the ops' default
+    e2e_d = 64 if precision == "exact" else 128
     q, k, v, qs, ks, vs = t_inputs(2, 200, 333, 8, 2, 128, 11, 5)
-    eager = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True)
+    eager = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True, *prec)
+    if prec:
+        exact = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True)
+        assert not torch.equal(eager[0], exact[0])  # the two paths differ (P in E4M3 against bf16)
 
     def f(q, k, v, qs, ks, vs):
-        out, lse = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True)
+        out, lse = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True, *prec)
         return out.float() * 2, lse
 
-    compiled = torch.compile(f, fullgraph=True)
-    got = compiled(q, k, v, qs, ks, vs)
+    got = torch.compile(f, fullgraph=True)(q, k, v, qs, ks, vs)
     assert torch.equal(got[0], eager[0].float() * 2) and torch.equal(got[1], eager[1])
 
     # bf16 -> quantize -> attention, captured in one CUDA graph and replayed on new inputs
-    x = [torch.randn(1, 256, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    x = [torch.randn(1, 256, 4, e2e_d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
 
     def e2e():
         parts = [torch.ops.lowbit.quantize_mxfp8_attn(t, "bshd", "rceil") for t in x]
         return torch.ops.lowbit.flash_attn_mxfp8(parts[0][0], parts[1][0], parts[2][0], parts[0][1], parts[1][1],
-                                                 parts[2][1], 0.1, False)
+                                                 parts[2][1], 0.1, False, *prec)
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -318,9 +323,9 @@ def test_gpu_torch_compile_and_cuda_graph():
     args = (q.reshape(400, 8, 128), torch.cat([k[0], k[1]]), torch.cat([v[0], v[1]]),
             qs.transpose(0, 1).reshape(8, 400, 4), torch.cat([ks[0], ks[1]], 1), torch.cat([vs[0], vs[1]], 1), cq, ck,
             200, 333)
-    vf = torch.compile(lambda *a: torch.ops.lowbit.flash_attn_mxfp8_varlen(*a, None, True), fullgraph=True)
+    vf = torch.compile(lambda *a: torch.ops.lowbit.flash_attn_mxfp8_varlen(*a, None, True, *prec), fullgraph=True)
     got = vf(*args)
-    want = torch.ops.lowbit.flash_attn_mxfp8_varlen(*args, None, True)
+    want = torch.ops.lowbit.flash_attn_mxfp8_varlen(*args, None, True, *prec)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -456,58 +461,6 @@ def test_gpu_fp8_close_to_cpu_model(d):
     tol = 1e-5 * ref_lse.abs().clamp(min=1) + 2.0 ** -10 * t_score_abs(q, k, qs, ks, 1 / math.sqrt(d), True).cpu()
     assert ((lse.cpu() - ref_lse).abs()[fin] <= tol[fin]).all()
     assert (lse.cpu()[~fin] == ref_lse[~fin]).all()
-
-
-@pytest.mark.gpu
-def test_gpu_fp8_torch_compile_and_cuda_graph():
-    torch = _torch()
-    import lowbit.torch_ops  # noqa: F401
-
-    q, k, v, qs, ks, vs = t_inputs(2, 200, 333, 8, 2, 128, 11, 5)
-    eager = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True, "fp8")
-    exact = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True)
-    assert not torch.equal(eager[0], exact[0])  # the two paths differ (P in E4M3 against bf16)
-
-    def f(q, k, v, qs, ks, vs):
-        out, lse = torch.ops.lowbit.flash_attn_mxfp8(q, k, v, qs, ks, vs, None, True, "fp8")
-        return out.float() * 2, lse
-
-    got = torch.compile(f, fullgraph=True)(q, k, v, qs, ks, vs)
-    assert torch.equal(got[0], eager[0].float() * 2) and torch.equal(got[1], eager[1])
-
-    # bf16 -> quantize -> FP8 attention, captured in one CUDA graph and replayed on new inputs
-    x = [torch.randn(1, 256, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
-
-    def e2e():
-        parts = [torch.ops.lowbit.quantize_mxfp8_attn(t, "bshd", "rceil") for t in x]
-        return torch.ops.lowbit.flash_attn_mxfp8(parts[0][0], parts[1][0], parts[2][0], parts[0][1], parts[1][1],
-                                                 parts[2][1], 0.1, False, "fp8")
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        e2e()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = e2e()
-    for t in x:
-        t.copy_(torch.randn_like(t))
-    graph.replay()
-    want = e2e()
-    torch.cuda.synchronize()
-    assert torch.equal(static[0], want[0]) and torch.equal(static[1], want[1])
-
-    # varlen op under torch.compile
-    cq = torch.tensor([0, 200, 400], dtype=torch.int32, device="cuda")
-    ck = torch.tensor([0, 333, 666], dtype=torch.int32, device="cuda")
-    args = (q.reshape(400, 8, 128), torch.cat([k[0], k[1]]), torch.cat([v[0], v[1]]),
-            qs.transpose(0, 1).reshape(8, 400, 4), torch.cat([ks[0], ks[1]], 1), torch.cat([vs[0], vs[1]], 1), cq, ck,
-            200, 333)
-    vf = torch.compile(lambda *a: torch.ops.lowbit.flash_attn_mxfp8_varlen(*a, None, True, "fp8"), fullgraph=True)
-    got = vf(*args)
-    want = torch.ops.lowbit.flash_attn_mxfp8_varlen(*args, None, True, "fp8")
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu

@@ -29,19 +29,7 @@ def api_run():
 
 
 def _fail_message(run, category):
-    fs = run.by_category().get(category, [])
-    lines = [f"{len(fs)} findings of category {category!r} ({fuzzlib.CATEGORIES[category]}) in {run.calls} calls, "
-             f"seed {SEED}:"]
-    seen = set()
-    for f in fs:
-        key = (f["call"].split("(")[0], f["msg"][:50])
-        if key in seen:
-            continue
-        seen.add(key)
-        lines.append(f"  #{f['i']} {f['call'][:240]}\n      -> {f['msg'][:300]}")
-        if len(seen) >= 25:
-            break
-    return "\n".join(lines)
+    return fuzzlib.fail_message(run, category, SEED, "calls", lambda f: (f["call"].split("(")[0], f["msg"][:50]), 240)
 
 
 def test_api_fuzz_ran(api_run):

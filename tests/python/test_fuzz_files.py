@@ -30,19 +30,7 @@ def file_run():
 
 
 def _fail_message(run, category):
-    fs = run.by_category().get(category, [])
-    lines = [f"{len(fs)} findings of category {category!r} ({fuzzlib.CATEGORIES[category]}) in {run.calls} files, "
-             f"seed {SEED}:"]
-    seen = set()
-    for f in fs:
-        key = f["msg"][:50]
-        if key in seen:
-            continue
-        seen.add(key)
-        lines.append(f"  #{f['i']} {f['call'][:200]}\n      -> {f['msg'][:300]}")
-        if len(seen) >= 25:
-            break
-    return "\n".join(lines)
+    return fuzzlib.fail_message(run, category, SEED, "files", lambda f: f["msg"][:50], 200)
 
 
 def test_file_fuzz_ran(file_run):

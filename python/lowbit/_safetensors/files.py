@@ -32,6 +32,15 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+
+def close_quietly(fd: Optional[int]) -> None:
+    """Closes a file descriptor (None: nothing to close); an error of the close is ignored."""
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
 def check_input_path(path: Union[str, os.PathLike], what: str = "input") -> os.stat_result:
     """os.stat of `path` (symbolic links followed) after checking that it is a regular file.
 
@@ -253,11 +262,7 @@ class AtomicFile:
     def abort(self) -> None:
         """Removes the temporary file (the target is left as it was)."""
         fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_quietly(fd)
         tmp, self._tmp = self._tmp, None
         if tmp is not None:
             try:

@@ -9,7 +9,7 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from .common import DTYPES, MAX_HEADER_BYTES, _READ_CHUNK, SafetensorsError
-from .files import _open_regular
+from .files import _open_regular, close_quietly
 from .header import TensorInfo, _parse_header
 
 
@@ -126,11 +126,7 @@ class SafetensorsFile:
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_quietly(fd)
 
     def __del__(self):
         try:

@@ -55,6 +55,45 @@ class Selection:
         self._dflt = [(w, re.compile(p)) for w, p in DEFAULT_EXCLUDES] if self.default_excludes else []
 
 
+@dataclass
+class Measured:
+    """A quantized tensor's error against its input (Backend.error_stats) and the input's NaN / Inf
+    counts, as TensorReport fields."""
+    sqnr: float
+    maxerr: float
+    maxabs: float
+    sig: float
+    noise: float
+    n_nan: int
+    n_inf: int
+
+    def report_fields(self) -> Dict[str, Any]:
+        return {"sqnr_db": self.sqnr, "max_abs_err": self.maxerr, "max_abs": self.maxabs,
+                "extra": {"signal_energy": self.sig, "noise_energy": self.noise, "nan": self.n_nan,
+                          "inf": self.n_inf}}
+
+
+def measure(backend, ref, xh, x, n: str, shape, warn: Optional[Callable[[str], None]]) -> Measured:
+    """xh (the dequantized tensor n) against ref, and the NaN / Inf of its input x (warned of)."""
+    sqnr, maxerr, maxabs, sig, noise = backend.error_stats(ref, xh)
+    n_nan, n_inf = backend.nonfinite(x)
+    if (n_nan or n_inf) and warn is not None:
+        warn(f"tensor {n!r} {list(shape)} holds {_nonfinite_words(n_nan, n_inf)}")
+    return Measured(sqnr, maxerr, maxabs, sig, noise, n_nan, n_inf)
+
+
+def quantize_measured(backend, x, fmt, layout: str, kwargs: Dict[str, Any], n: str, shape,
+                      warn: Optional[Callable[[str], None]]):
+    """lowbit.quantize of tensor n (x, on the backend), its dequantized values and their Measured
+    error: (qt, xh, measured). A failure of the library is a CheckpointError naming the tensor."""
+    try:
+        qt = lowbit.quantize(x, fmt, layout=layout, **kwargs)
+        xh = lowbit.dequantize(qt, out_dtype="float32")
+    except Exception as e:
+        raise CheckpointError(f"tensor {n!r} {list(shape)}: {e}") from e
+    return qt, xh, measure(backend, x.float() if backend.name == "cuda" else x, xh, x, n, shape, warn)
+
+
 def skip_reason(info: st.TensorInfo, cfg: QuantConfig, sel: Selection) -> Optional[str]:
     """Why a tensor is copied instead of quantized (None: quantize it)."""
     if sel._inc and not any(p.search(info.name) for p in sel._inc):
@@ -148,15 +187,7 @@ def _quantize_checkpoint(f, src, dst, cfg, sel, device, progress, overwrite, war
             kwargs: Dict[str, Any] = {}
             if cfg.spec.api == "nvfp4":
                 kwargs["compute_global_amax"] = True
-            try:
-                qt = lowbit.quantize(x, fmt, layout=cfg.layout, **kwargs)
-                xh = lowbit.dequantize(qt, out_dtype="float32")
-            except Exception as e:
-                raise CheckpointError(f"tensor {n!r} {list(info.shape)}: {e}") from e
-            sqnr, maxerr, maxabs, sig, noise = backend.error_stats(x.float() if backend.name == "cuda" else x, xh)
-            n_nan, n_inf = backend.nonfinite(x)
-            if (n_nan or n_inf) and warn is not None:
-                warn(f"tensor {n!r} {list(info.shape)} holds {_nonfinite_words(n_nan, n_inf)}")
+            qt, xh, ms = quantize_measured(backend, x, fmt, cfg.layout, kwargs, n, info.shape, warn)
             names_out = output_names(n, cfg)
             fields = {"qdata": qt.data, "scale": qt.scales, "zero": qt.zeros, "global_amax": qt.global_amax}
             after = 0
@@ -169,12 +200,9 @@ def _quantize_checkpoint(f, src, dst, cfg, sel, device, progress, overwrite, war
                 writer.write(oname, a)
                 after += a.nbytes
             reports.append(TensorReport(n, info.shape, info.dtype, "quantized", fmt=cfg.spec.cli,
-                                        bytes_before=info.nbytes, bytes_after=after, sqnr_db=sqnr,
-                                        max_abs_err=maxerr, max_abs=maxabs,
+                                        bytes_before=info.nbytes, bytes_after=after,
                                         outputs=[o for o in names_out.values() if o],
-                                        seconds=time.perf_counter() - t0,
-                                        extra={"signal_energy": sig, "noise_energy": noise,
-                                               "nan": n_nan, "inf": n_inf}))
+                                        seconds=time.perf_counter() - t0, **ms.report_fields()))
             done += info.nbytes
             del x, qt, xh, fields
         if progress:

@@ -20,7 +20,7 @@ from . import compressed_tensors as ct
 from . import gpt_oss_convention as go
 from . import modelopt_convention as mo
 from .device import Backend, make_backend
-from .io import TensorReport, _conform, _nonfinite_words
+from .io import TensorReport, _conform
 from .model_dir import (
     CONFIG_NAME,
     INDEX_NAME,
@@ -30,7 +30,7 @@ from .model_dir import (
     plan_shards,
     shard_names,
 )
-from .quantize import Selection, skip_reason
+from .quantize import Selection, measure, quantize_measured, skip_reason
 from .schema import METADATA_KEY, PRODUCER, CheckpointError, QuantConfig
 
 
@@ -227,24 +227,15 @@ def _one(m: ModelSource, n: str, why: Optional[str], cfg: QuantConfig, fmt, back
     kwargs: Dict[str, Any] = {}
     if gamax is not None:
         kwargs["global_amax"] = float(gamax)
-    try:
-        qt = lowbit.quantize(x, fmt, layout="row_major", **kwargs)
-        xh = lowbit.dequantize(qt, out_dtype="float32")
-    except Exception as e:
-        raise CheckpointError(f"tensor {n!r} {list(info.shape)}: {e}") from e
-    sqnr, maxerr, maxabs, sig, noise = backend.error_stats(x.float() if backend.name == "cuda" else x, xh)
-    n_nan, n_inf = backend.nonfinite(x)
-    if (n_nan or n_inf) and warn is not None:
-        warn(f"tensor {n!r} {list(info.shape)} holds {_nonfinite_words(n_nan, n_inf)}")
+    qt, _, ms = quantize_measured(backend, x, fmt, "row_major", kwargs, n, info.shape, warn)
     if convention == mo.CONVENTION:
         outs = mo.convert(ct.module_of(n), qt, backend.get)
     else:
         outs = ct.convert(ct.module_of(n), cfg, qt, info.shape, backend.get)
     after = sum(a.nbytes for a in outs.values())
     rep = TensorReport(n, info.shape, info.dtype, "quantized", fmt=cfg.spec.cli, bytes_before=info.nbytes,
-                       bytes_after=after, sqnr_db=sqnr, max_abs_err=maxerr, max_abs=maxabs, outputs=list(outs),
-                       seconds=time.perf_counter() - t0,
-                       extra={"signal_energy": sig, "noise_energy": noise, "nan": n_nan, "inf": n_inf})
+                       bytes_after=after, outputs=list(outs), seconds=time.perf_counter() - t0,
+                       **ms.report_fields())
     return rep, outs
 
 
@@ -260,14 +251,9 @@ def _one_gpt_oss(m: ModelSource, n: str, why: Optional[str], cfg: QuantConfig, f
         outs, dec = go.quantize_experts(n, x, fmt, lowbit.quantize, lowbit.dequantize, np.asarray)
     except Exception as e:
         raise CheckpointError(f"tensor {n!r} {list(info.shape)}: {e}") from e
-    cpu = Backend()
     xt = np.ascontiguousarray(np.transpose(x, (0, 2, 1)))
-    sqnr, maxerr, maxabs, sig, noise = cpu.error_stats(xt, dec)
-    n_nan, n_inf = cpu.nonfinite(x)
-    if (n_nan or n_inf) and warn is not None:
-        warn(f"tensor {n!r} {list(info.shape)} holds {_nonfinite_words(n_nan, n_inf)}")
+    ms = measure(Backend(), xt, dec, x, n, info.shape, warn)
     rep = TensorReport(n, info.shape, info.dtype, "quantized", fmt=cfg.spec.cli, bytes_before=info.nbytes,
-                       bytes_after=sum(a.nbytes for a in outs.values()), sqnr_db=sqnr, max_abs_err=maxerr,
-                       max_abs=maxabs, outputs=list(outs), seconds=time.perf_counter() - t0,
-                       extra={"signal_energy": sig, "noise_energy": noise, "nan": n_nan, "inf": n_inf})
+                       bytes_after=sum(a.nbytes for a in outs.values()), outputs=list(outs),
+                       seconds=time.perf_counter() - t0, **ms.report_fields())
     return rep, outs
