@@ -39,6 +39,12 @@ gmm~loop: torch._grouped_mm against the loop.
 Until lowbit's CUDA kernels land its rows read "n/a (not implemented)" and the anchors are still
 timed. Weights: random E2M1 codes, UE8M0 scales uniform in --weight-scales (default 118:127).
 
+Timing: every row, lowbit's and the anchors', as CUDA-graph replays (--timing graph, the default;
+CUDA events, L2 flushed before each replay): at small T an eager call would time the host cost of
+whichever op has more Python (triton_kernels' matmul_ogs: 250-550 us per eager call on an H200).
+Rows whose op cannot be captured (the per-expert loop reads the counts on the host) are timed as
+eager calls and the report's meta says how many. --timing eager times host calls throughout.
+
 The shapes, data helpers and the Bench class are in lowbit_bench/moe.py.
 """
 
@@ -95,8 +101,12 @@ def parse_args(argv=None):
                    help="weight scale layout given to the grouped GEMM (default blocked128x4)")
     p.add_argument("--weight-scales", default="118:127",
                    help="LO:HI, inclusive range of the random UE8M0 weight scale bytes (default 118:127)")
+    p.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                   help="graph: CUDA-graph replays of every row (default; eager where a capture fails, said in the "
+                        "report); eager: host calls")
     p.add_argument("--small-timing", choices=("device", "host"), default="device",
-                   help="T <= 16: 'host' syncs before each call so launch overhead counts (default device)")
+                   help="--timing eager, T <= 16: 'host' syncs before each call so launch overhead counts "
+                        "(default device)")
     p.add_argument("--max-seconds", type=float, default=10.0, help="cap on the timed loop of one measurement")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = p.parse_args(argv)
@@ -143,8 +153,9 @@ def main(argv=None) -> int:
     gmm = grouped_mm_op()
     lo, hi = args.weight_scales
     meta = {
-        "timing": (f"CUDA events, median of {args.iters if not args.quick else max(5, args.iters // 3)}, "
-                   f"L2 {'not ' if args.no_flush else ''}flushed; T <= 16: {args.small_timing}"),
+        "timing": (f"{'CUDA-graph replays' if args.timing == 'graph' else 'eager calls'}, CUDA events, median of "
+                   f"{args.iters if not args.quick else max(5, args.iters // 3)}, L2 {'not ' if args.no_flush else ''}"
+                   f"flushed" + (f"; T <= 16: {args.small_timing}" if args.timing == "eager" else "")),
         "shapes": (f"hidden {HIDDEN}, intermediate {INTER}, top-{TOPK}; gate_up N={2 * INTER} K={HIDDEN}, "
                    f"down N={HIDDEN} K={INTER}; experts " + ", ".join(f"{m}: {e}" for m, e in MODELS.items())),
         "routing": "randn router logits, top-4 distinct experts per token, softmax of the 4 logits",
@@ -186,6 +197,8 @@ def main(argv=None) -> int:
         window = f"{frac:.6f} ({bench.scale_outside} of {bench.scale_bytes} bytes)"
     else:
         window = "no weights generated"
+    if bench.graph_failures:
+        report.meta["graph_capture_failed"] = f"{len(bench.graph_failures)} rows: " + "; ".join(bench.graph_failures[:3])
     report.print_table(f"== {BENCH} summary ==")
     print(f"# {key}: {window}")
     report.meta[key] = window

@@ -8,7 +8,7 @@ import time
 import traceback
 
 from .report import Report, Row
-from .timing import time_fn
+from .timing import time_fn, time_graph
 from .triton_mxfp4 import tk_weights
 
 
@@ -193,6 +193,7 @@ class Bench:
         self.scale_bytes = 0
         self.scale_outside = 0
         self.tk, self.tk_routing, self.tk_why = None, None, ""
+        self.graph_failures = []  # captures that failed: those rows were timed eagerly
         try:  # OpenAI triton_kernels (vendored by vLLM): the W4A16 anchor of the grouped GEMM rows
             from triton_kernels.matmul_ogs import matmul_ogs
             from triton_kernels.routing import routing
@@ -207,8 +208,17 @@ class Bench:
 
     def time(self, fn, T):
         a = self.args
-        sync = a.small_timing == "host" and T <= 16
         iters = a.iters if not a.quick else max(5, a.iters // 3)
+        if a.timing == "graph":
+            # every row, lowbit's and the anchors', as CUDA-graph replays: at small T an eager call
+            # measures the host cost of whichever op has more Python (triton_kernels: ~250-500 us)
+            try:
+                return time_graph(fn, warmup=max(1, a.warmup), iters=iters, flush_l2=not a.no_flush,
+                                  max_seconds=a.max_seconds)
+            except Exception as ex:  # noqa: BLE001
+                self.graph_failures.append(_err(ex, 120))
+                torch.cuda.synchronize()
+        sync = a.small_timing == "host" and T <= 16
         return time_fn(fn, warmup=a.warmup, iters=iters, flush_l2=not a.no_flush, sync=sync,
                        max_seconds=a.max_seconds)
 
