@@ -22,8 +22,10 @@ tokens NaN; --mode exact exchanges the counts first), the experts on the contigu
 act="mxfp8"), expert outputs combined in float32 (--combine bfloat16: bf16).
 
 Per T, rank 0 reports (one row each):
-  moe_ep_<N>gpu_<dispatch>    the layer's step, CUDA events around it on every rank (the same
-                              step on all of them), L2 flushed before each step; the median of the
+  moe_ep_<N>gpu_<dispatch>    the layer's step as a CUDA-graph replay (--timing graph, the default;
+                              eager calls time the layer's Python and launches too: 1.1 ms of the
+                              1.9 ms step at T = 256 on one H200), CUDA events around it on every
+                              rank (the same step on all of them), L2 flushed before each step; the median of the
                               slowest rank's times. Note: tokens/s = T / step, the all-to-alls'
                               device time per step (dispatch, combine: CUDA events around each
                               dist.all_to_all_single in a second timed loop, mean over the steps,
@@ -45,7 +47,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lowbit_bench import Report, Row, add_common_args, measure_ceilings, time_fn  # noqa: E402
+from lowbit_bench import Report, Row, add_common_args, measure_ceilings, time_fn, time_graph  # noqa: E402
 
 BENCH = "bench_moe_ep"
 HIDDEN, INTER, EXPERTS, TOPK = 2880, 2880, 128, 4
@@ -71,6 +73,11 @@ def parse_args(argv=None):
                    help="capacity mode: rows per rank pair = factor x the mean (T/N x top-4 / N), at most the "
                         "worst case T/N x top-4; 0: the worst case (default 2)")
     p.add_argument("--no-anchor", action="store_true", help="skip the single-GPU gpt_oss_moe_mlp anchor")
+    p.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                   help="graph (default, CUDA): the step and the anchor as CUDA-graph replays, as serving engines "
+                        "run decode steps (capacity mode is capturable; where a capture fails on any rank every "
+                        "rank times eager calls and the row says so); eager: host calls, which include the "
+                        "layer's Python and launch cost")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = p.parse_args(argv)
     if args.backend is None:
@@ -146,7 +153,8 @@ def run_rank(rank, world, args, port=None):
             "nvlink_multicast": "off: " + ", ".join(f"{k}={os.environ.get(k)}" for k in
                                                     ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                                      "NVSHMEM_DISABLE_NVLS")),
-            "timing": (f"{'CUDA events' if cuda else 'host clock'}, median of {iters}, slowest rank; L2 "
+            "timing": (f"{'CUDA-graph replays, ' if cuda and args.timing == 'graph' else ''}"
+                       f"{'CUDA events' if cuda else 'host clock'}, median of {iters}, slowest rank; L2 "
                        f"{'not ' if args.no_flush or not cuda else ''}flushed; all-to-alls: "
                        f"{'CUDA events' if cuda else 'the host clock'} around each, mean per step, slowest rank "
                        f"(incl. waiting for peers)"),
@@ -161,6 +169,24 @@ def run_rank(rank, world, args, port=None):
         full = None
     reduce = (lambda v: _max_over(torch, dist, v, dev)) if world > 1 else (lambda v: v)
     import time
+
+    def timed(fn, collective):
+        """(Timing, note prefix): CUDA-graph replays (--timing graph on CUDA), else eager calls. A failed
+        capture on any rank (collective: decided together, so that every rank times the same way) falls
+        back to eager calls, said in the note."""
+        how = ""
+        if cuda and args.timing == "graph":
+            got, why = None, "on another rank"
+            try:
+                got = time_graph(fn, warmup=max(1, args.warmup), iters=iters, flush_l2=not args.no_flush)
+            except Exception as ex:  # noqa: BLE001
+                why = f"{type(ex).__name__}: {str(ex)[:100]}"
+                torch.cuda.synchronize()
+            failed = reduce(float(got is None)) if collective else float(got is None)
+            if not failed:
+                return got, ""
+            how = f"eager calls (graph capture failed: {why}); "
+        return time_fn(fn, warmup=args.warmup, iters=iters, flush_l2=cuda and not args.no_flush, device=timing), how
 
     t0 = time.perf_counter()
     for T in args.tokens:
@@ -190,8 +216,7 @@ def run_rank(rank, world, args, port=None):
                                       expert_layout=args.layout if args.mode == "capacity" else "contiguous",
                                       expected_m=max(1, Tr * world * TOPK // E), packed=cuda,
                                       on_overflow="nan")
-            t = time_fn(lambda: layer(x, ids, wts), warmup=args.warmup, iters=iters,
-                        flush_l2=cuda and not args.no_flush, device=timing)
+            t, how = timed(lambda: layer(x, ids, wts), world > 1)
             ph = layer.record_phases()
             for _ in range(iters):
                 layer(x, ids, wts)
@@ -211,7 +236,7 @@ def run_rank(rank, world, args, port=None):
             cb = H * (4 if args.combine == "float32" else 2)
             rows = world * cap if args.mode == "capacity" else Tr * TOPK  # rows one rank sends per all-to-all
             row.bytes = world * rows * (rb + cb)  # all-to-all bytes sent by all ranks in one step
-            row.note = (f"{T / (med * 1e-6):.4g} tokens/s; all-to-all dispatch {disp:.1f} us + combine {comb:.1f} us "
+            row.note = (how + f"{T / (med * 1e-6):.4g} tokens/s; all-to-all dispatch {disp:.1f} us + combine {comb:.1f} us "
                         f"({100 * (disp + comb) / med:.0f}% of the step); each rank sends {rows} rows x "
                         f"({rb} + {cb}) B ({args.mode}, capacity {cap} per rank pair); dropped {dropped}"
                         + (" (NaN rows: raise --capacity-factor)" if dropped else ""))
@@ -223,9 +248,10 @@ def run_rank(rank, world, args, port=None):
             try:
                 row.anchor = "gpt_oss_moe_mlp_1gpu" if cuda else "gpt_oss_moe_mlp_1cpu"
                 w1, s1, b1, w2, s2, b2 = full
-                a = time_fn(lambda: lowbit.gpt_oss_moe_mlp(x_all, ids_all, w_all, w1, s1, b1, w2, s2, b2, act=act,
-                                                           packed=cuda),
-                            warmup=args.warmup, iters=iters, flush_l2=cuda and not args.no_flush, device=timing)
+                a, how_a = timed(lambda: lowbit.gpt_oss_moe_mlp(x_all, ids_all, w_all, w1, s1, b1, w2, s2, b2,
+                                                                act=act, packed=cuda), False)
+                if how_a:
+                    row.note += "; anchor " + how_a.rstrip("; ")
                 row.anchor_us, row.anchor_p10_us, row.anchor_p90_us = a.median_us, a.p10_us, a.p90_us
             except Exception as ex:  # noqa: BLE001
                 row.note += f"; anchor failed: {type(ex).__name__}: {ex}"
