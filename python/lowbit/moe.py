@@ -257,16 +257,17 @@ class ExpertParallelMoE:
             return torch.cat([q8, s8], dim=1), int(q8.shape[1] + s8.shape[1])
         return x.contiguous().view(torch.uint8).reshape(T, P), P
 
-    def _expert_inputs(self, rows, H):
-        """x (and x_scale) of gpt_oss_expert_mlp from received rows [R, row_bytes] (uint8)."""
+    def _expert_inputs(self, rows, H, perm):
+        """x (and x_scale) of gpt_oss_expert_mlp from received rows [R, row_bytes] (uint8), taken in
+        the order perm (one gather per operand, straight out of the received rows)."""
         pay = rows[:, _HEADER:]
         if self.quantize_dispatch:
-            codes = pay[:, :H].contiguous().view(torch.float8_e4m3fn)
-            scales = pay[:, H:H + H // 32].contiguous()
+            codes = pay[:, :H][perm].view(torch.float8_e4m3fn)
+            scales = pay[:, H:H + H // 32][perm]
             return codes, scales
         dt = self._x_dtype
         n = H * torch.empty((), dtype=dt).element_size()
-        return pay[:, :n].contiguous().view(dt), None
+        return pay[:, :n][perm].view(dt), None
 
     def _run_experts(self, x_rows, x_scale, counts):
         w1, w1s, b1, w2, w2s, b2 = self.weights
@@ -322,8 +323,10 @@ class ExpertParallelMoE:
             C = self.capacity
             sent = valid & (pos < C)
             slot = torch.where(sent, dest * C + pos, torch.full_like(pos, W * C))  # W * C: the discard row
-            send = torch.zeros((W * C + 1, row_bytes), dtype=torch.uint8, device=dev)
-            send[:, :4].view(torch.int32).fill_(-1)  # rows no pair fills: no expert
+            # rows no pair fills carry expert -1 and are never read past their header (they sort
+            # after every expert's rows, beyond the counts), so only the headers are initialised
+            send = torch.empty((W * C + 1, row_bytes), dtype=torch.uint8, device=dev)
+            send[:, :4].view(torch.int32).fill_(-1)
             send[slot, _HEADER:_HEADER + P] = payload[pair_tok]
             send[slot, :4] = local.view(torch.uint8).reshape(-1, 4)
             send = send[: W * C]
@@ -350,18 +353,18 @@ class ExpertParallelMoE:
             torch.empty((sum(in_splits), H), dtype=o_recv.dtype, device=dev)
         self._a2a("combine", back.view(torch.uint8), o_recv.view(torch.uint8), in_splits, out_splits)
 
-        # weighted sum in slot order (fp32), as gpt_oss_moe_mlp
-        rows = torch.cat([back, torch.zeros((1, H), dtype=back.dtype, device=dev)]) if back.shape[0] == 0 else back
-        o = rows[torch.where(sent, back_row, torch.zeros_like(back_row)).clamp_(max=max(rows.shape[0] - 1, 0))]
-        o = o.float().reshape(T, k, H)
-        w = topk_weights.float()
-        nan = torch.full((), float("nan"), device=dev)
+        # weighted sum in slot order (fp32), as gpt_oss_moe_mlp: acc = ((0 + w0 o0) + w1 o1) + ...
+        # with the term of a pair that was dropped (valid, not sent) NaN and of an empty slot 0. The
+        # gather takes those from two extra rows (NaN, 0) and the weight of an empty slot is 0, so
+        # each term is one product: w NaN = NaN, 0 x 0 = +0, the same values as the selections.
+        B = int(back.shape[0])
+        rows = torch.cat([back, torch.tensor([[float("nan")], [0.0]], dtype=back.dtype, device=dev).expand(2, H)])
+        src = torch.where(sent, back_row, torch.where(valid, torch.full_like(back_row, B), torch.full_like(back_row, B + 1)))
+        o = rows[src].float().reshape(T, k, H)
+        w = torch.where(valid.reshape(T, k), topk_weights.float(), torch.zeros((), device=dev))
         acc = torch.zeros((T, H), dtype=torch.float32, device=dev)
-        sent2, valid2 = sent.reshape(T, k), valid.reshape(T, k)
         for j in range(k):
-            term = w[:, j:j + 1] * o[:, j, :]
-            term = torch.where(sent2[:, j:j + 1], term, torch.where(valid2[:, j:j + 1], nan, 0.0))
-            acc = acc + term
+            acc += w[:, j:j + 1] * o[:, j, :]
         lost = (valid & ~sent).sum()
         self.dropped += lost
         if self.on_overflow == "raise":
@@ -373,7 +376,8 @@ class ExpertParallelMoE:
     def _local_experts(self, recv, H):
         """Unweighted expert outputs [R, H] (combine_dtype) of the received rows [R, row_bytes], in
         their received order: rows sorted by local expert, the expert MLP, back to that order.
-        Rows without an expert (-1: padding) get zeros, rows the masked layout could not hold NaN."""
+        Rows without an expert (-1: padding) are left unset (forward reads no such row), rows the
+        masked layout could not hold NaN."""
         dev = recv.device
         El = self.e_local
         R = int(recv.shape[0])
@@ -382,15 +386,17 @@ class ExpertParallelMoE:
         perm = torch.argsort(key, stable=True)
         per_e = torch.zeros(El + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
         odt = torch.float32 if self.combine_dtype == "float32" else torch.bfloat16
-        o_recv = torch.zeros((R, H), dtype=odt, device=dev)
         if R == 0:
-            return o_recv
-        x_all, s_all = self._expert_inputs(recv[perm], H)
+            return torch.empty((0, H), dtype=odt, device=dev)
+        x_all, s_all = self._expert_inputs(recv, H, perm)
         if self.expert_layout == "contiguous":
             out = self._run_experts(x_all, s_all, per_e[:El].to(torch.int32))
-            real = key[perm] < El  # the padding rows sort last and are not written
-            o_recv[perm] = torch.where(real.unsqueeze(1), out, torch.zeros((), dtype=odt, device=dev))
+            # the padding rows sort last and are not written by the MLP: their outputs are left
+            # unset here too (they travel back, but forward never reads a row no pair was sent in)
+            o_recv = torch.empty((R, H), dtype=odt, device=dev)
+            o_recv[perm] = out
             return o_recv
+        o_recv = torch.empty((R, H), dtype=odt, device=dev)
         # masked: row r of expert e at e * cap + (its rank among expert e's rows)
         cap = self.expert_capacity
         ks = key[perm]
