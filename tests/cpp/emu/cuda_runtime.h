@@ -108,6 +108,8 @@ inline float __uint_as_float(uint32_t x) { float f; std::memcpy(&f, &x, 4); retu
 inline uint32_t __float_as_uint(float f) { uint32_t x; std::memcpy(&x, &f, 4); return x; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+/// fma.rn.f32: the exact a b + c rounded once (std::fma).
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 /// prmt.b32 in its default mode as __byte_perm documents it: result byte n is byte s<4n+2:4n> of
 /// {y, x} (x bytes 0..3, y bytes 4..7). The sign-replicating selector bit (bit 3 of a nibble) is
 /// not emulated: no emulated kernel sets it.
@@ -132,6 +134,18 @@ inline uint32_t __vminu2(uint32_t a, uint32_t b) {
 inline uint32_t __vmaxu2(uint32_t a, uint32_t b) {
   const uint32_t lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);
   return lo | (hi << 16);
+}
+
+/// Per byte unsigned min / max.
+inline uint32_t __vminu4(uint32_t a, uint32_t b) {
+  uint32_t r = 0;
+  for (int i = 0; i < 32; i += 8) r |= std::min((a >> i) & 0xFFu, (b >> i) & 0xFFu) << i;
+  return r;
+}
+inline uint32_t __vmaxu4(uint32_t a, uint32_t b) {
+  uint32_t r = 0;
+  for (int i = 0; i < 32; i += 8) r |= std::max((a >> i) & 0xFFu, (b >> i) & 0xFFu) << i;
+  return r;
 }
 
 namespace emu {

@@ -1,10 +1,11 @@
 // tests/cpp/emu/emu_sm90.hpp: host emulation of the sm_90 asynchronous machinery that the GEMM
-// kernels use through src/cuda/common/sm90_gemm_common.cuh: mbarriers, cp.async with 32-bit shared
-// addresses (with zero fill and cp.async.mbarrier.arrive.noinc), 2-D TMA tile loads, bf16 x2
-// multiplies, the proxy fence and the warpgroup MMA (wgmma.mma_async m64nNk16 bf16 with A from
-// registers and B from shared memory). The shim headers cute/arch/*.hpp and cutlass/arch/barrier.h
-// of this directory forward CuTe's / CUTLASS's entry points here; the rewrite of
-// sm90_gemm_common.cuh (tests/cpp/CMakeLists.txt) forwards its hand-written PTX here.
+// kernels use through src/cuda/common/sm90_gemm_common.cuh and CuTe: mbarriers, cp.async with 32-bit
+// shared addresses (with zero fill and cp.async.mbarrier.arrive.noinc), 2-D TMA tile loads, bulk
+// copies, bf16 x2 multiplies, the proxy fence and the warpgroup MMA (wgmma.mma_async m64nNk16 bf16
+// and m64nNk32 E4M3 / E5M2, A from registers and B from shared memory). The shim headers
+// cute/arch/*.hpp and cutlass/arch/{barrier,reg_reconfig}.h of this directory forward CuTe's /
+// CUTLASS's entry points here; the rewrite of sm90_gemm_common.cuh (tests/cpp/CMakeLists.txt)
+// forwards its hand-written PTX here.
 //
 // What is emulated, and what each rule is taken from:
 //  * mbarrier (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier"): a
@@ -34,6 +35,9 @@
 //    atom lands at chunk c ^ (r % 8). The emulation requires 1024-byte aligned destinations for
 //    this mode (the pattern is then the same whether the hardware takes it from the address or from
 //    the offset in the box) and boxes of exactly 128-byte rows.
+//  * cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes (PTX ISA "cp.async.bulk"):
+//    size bytes copied as they are; size a multiple of 16, both addresses 16-byte aligned
+//    (checked); the barrier's tx-count is decremented by size. Lands as a TMA box does.
 //  * fence.proxy.async.shared::cta: counted per thread. Shared memory written by cp.async (the
 //    generic proxy) and then read by a wgmma (the async proxy) must see a proxy fence by the
 //    writing thread after the copy landed (PTX ISA "Memory consistency model: proxies"); a wgmma
@@ -62,16 +66,41 @@
 //      is emulated (anything else fails).
 //    - D += A * B with products of the exact bf16 values summed in fp32 in k order (the hardware's
 //      fp32 summation order may differ in the last bits).
+//  * wgmma.mma_async.sync.aligned.m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2} with A in registers (same
+//    sections; CuTe's MMA_64xNx32_F32E4M3E4M3_RS_TN and its kin, N = 8 .. 256):
+//    - A (64 x 32, 8-bit), Figure "WGMMA .m64nNk32 register fragment layout for matrix A": warp w
+//      holds rows 16w .. 16w+15; with g = lane / 4, t = lane % 4, register 0 = A[g][4t .. 4t+3],
+//      1 = A[g+8][4t .. 4t+3], 2 = A[g][16+4t .. 16+4t+3], 3 = A[g+8][16+4t .. 16+4t+3] (lower K
+//      in the lower byte). (CuTe's ALayout_64x32 says the same: thread (t, g, w) strides (4 K, 1
+//      row, 16 rows), values (4, 2, 2) strides (1 K, 8 rows, 16 K).)
+//    - D: the layout of the k16 forms above.
+//    - B (32 x N, 8-bit, K-major, 128B-swizzled): element (n, k) at start + (n / 8) * SBO +
+//      (n % 8) * 128 + k, then the 128B swizzle; the k32 slice is 32 bytes of one 128-byte row
+//      (checked), as the bf16 k16 slice. The same descriptor fields and restrictions as above.
+//    - E4M3 (no Inf, NaN S.1111.111) and E5M2 (IEEE-like: Inf S.11111.00, NaN S.11111.xx) codes
+//      decoded exactly. D = A * B (+ D with scale-d 1, the default; the scale-d 0 form of the
+//      kernels' first MMA per block overwrites D): the 32 products are exact and summed exactly
+//      (as integers in units of the two formats' smallest subnormals, 2^-9 / 2^-16 each), then
+//      rounded once to fp32, nearest even; with scale-d 1 and a nonzero D the exact sum is added to
+//      D in fp64 and rounded to fp32. A NaN or Inf operand gives the IEEE result of the fp64 sum
+//      (NaN for NaN codes and for Inf * 0). Hopper's FP8 tensor cores do NOT sum exactly: they
+//      align the products to the largest exponent keeping about 13 fraction bits and truncate
+//      (docs/design/moe_grouped_gemm.md, "Tolerance and its derivation"); the emulation does not
+//      model that reduced-precision accumulator: its results are the exactly rounded ones, so a
+//      kernel test on the emulation checks the data movement and the arithmetic around the MMA,
+//      not the hardware's accumulation error (which the documented tolerance covers).
+//    - Operand negation (scale-a / scale-b -1) is not emulated (refused at compile time).
 //    - Asynchrony: each thread's wgmma ops are recorded at issue (A registers and descriptor as
 //      issued; D by reference); wgmma.commit_group closes a group; wgmma.wait_group N completes all
 //      but the newest N committed groups. emu::wgmma_mode picks when an op computes: kAtWait (when
 //      the wait retires its group: its B bytes as they are then; D is stale until then) or kAtIssue
 //      (as soon as the 128 threads of the warpgroup have issued it: B as it is at issue). The ops are
 //      warpgroup-collective (.sync.aligned): the MMAs and the waits meet at a warpgroup barrier, so
-//      all 128 threads must reach them, and they must issue the same shapes and descriptors and
-//      commit the same groups (checked). A wgmma.fence (warpgroup_arrive) must come between a
-//      commit and the next MMA (checked: the kernels rewrite the A registers for every group, and
-//      the PTX ISA asks for the fence between register writes and the MMA that reads them).
+//      all 128 threads must reach them, and they must issue the same shapes, types, scale-d and
+//      descriptors and commit the same groups (checked). A wgmma.fence (warpgroup_arrive) must come
+//      between a commit and the next MMA (checked: the kernels rewrite the A registers for every
+//      group, and the PTX ISA asks for the fence between register writes and the MMA that reads
+//      them).
 //  Not emulated: timing and overlap, clusters, the L2 cache hint, memory ordering beyond the waits
 //  above (the emulator's own locks order everything else).
 #pragma once
@@ -122,11 +151,15 @@ struct AsyncRecord {
   std::vector<CopyPiece> pieces;
   unsigned writer = 0;
 };
+/// The operand types of a wgmma (A, B): bf16 x bf16 (k16) or one of the 8-bit forms (k32).
+enum class WgmmaType : uint8_t { kBf16, kE4M3E4M3, kE4M3E5M2, kE5M2E4M3, kE5M2E5M2 };
 struct WgmmaOp {
   uint32_t a[4];
   uint64_t desc;
   float* d;       ///< the thread's n accumulators (contiguous)
   unsigned n;     ///< N / 2
+  WgmmaType type;
+  bool scale_d;   ///< D = A B + D (true) or D = A B (scale-d 0)
   bool done;
 };
 /// The wgmma state of one warpgroup (128 threads). Each thread's ops and groups live in rings
@@ -396,6 +429,23 @@ inline void tma_load_2d(uint32_t dst, const CUtensorMap* m, int32_t x, int32_t y
   push_record(s90(), std::move(r));
 }
 
+// ---- bulk copy (non-tensor) ----
+/// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], size, [bar]:
+/// size bytes from src to dst (both 16-byte aligned, size a positive multiple of 16: checked),
+/// completing size bytes of transactions on the barrier. Lands like a TMA box (emu::cp_async_mode).
+inline void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t size, uint32_t bar) {
+  if (size == 0 || size % 16 != 0) fail("cp.async.bulk: size not a positive multiple of 16");
+  if (dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    fail("cp.async.bulk: shared or global address not 16-byte aligned");
+  check_window(dst, size, "cp.async.bulk");
+  AsyncRecord r;
+  r.tma = true;
+  r.bar = bar;
+  r.dst = dst;
+  r.image.assign(static_cast<const uint8_t*>(src), static_cast<const uint8_t*>(src) + size);
+  push_record(s90(), std::move(r));
+}
+
 // ---- bf16 x2 multiply ----
 /// x rounded to nearest even in bf16 (8 significant bits, exponent range of fp32, subnormals
 /// down to 2^-133), as bf16 bits.
@@ -449,32 +499,46 @@ inline WarpGroup& my_wg(unsigned* t, const char* op) {
   *t = threadIdx.x % 128;
   return *s.wgs[w];
 }
-/// Shared address of B element (n, k) of the K-major 128B-swizzled operand of descriptor `desc`.
-inline uint32_t wgmma_b_addr(uint64_t desc, int n, int k) {
+/// Shared address of B element (n, k) of the K-major 128B-swizzled operand of descriptor `desc`,
+/// with elements of `eb` bytes (2: bf16, 1: E4M3 / E5M2).
+inline uint32_t wgmma_b_addr(uint64_t desc, int n, int k, uint32_t eb = 2) {
   const uint32_t start = uint32_t(desc & 0x3FFFu) << 4, sbo = uint32_t((desc >> 32) & 0x3FFFu) << 4;
-  const uint32_t logical = start + uint32_t(n / 8) * sbo + uint32_t(n % 8) * 128u + 2u * uint32_t(k);
+  const uint32_t logical = start + uint32_t(n / 8) * sbo + uint32_t(n % 8) * 128u + eb * uint32_t(k);
   return logical ^ (((logical >> 7) & 7u) << 4);
 }
+/// The descriptor's checks; the K slice of one row (16 x 2 or 32 x 1 bytes) is 32 bytes either way.
 inline void wgmma_check_desc(uint64_t desc) {
   if ((desc >> 62) != 1) fail("wgmma: only the 128B swizzle mode of the B descriptor is emulated");
   if (((desc >> 49) & 7u) != 0) fail("wgmma: a non-zero matrix base offset is not emulated");
   const uint32_t start = uint32_t(desc & 0x3FFFu) << 4;
-  if ((start & 127u) + 32u > 128u) fail("wgmma: the k16 slice of a K-major 128B-swizzled B crosses its 128-byte row");
+  if ((start & 127u) + 32u > 128u) fail("wgmma: the K slice of a K-major 128B-swizzled B crosses its 128-byte row");
 }
+/// An 8-bit operand code as an exact multiple of its format's smallest subnormal: *q = value * 2^9
+/// (E4M3) or value * 2^16 (E5M2), an integer; false for the NaN and Inf codes.
+inline bool fp8_units(uint8_t c, bool e5m2, int64_t* q) {
+  const float v = e5m2 ? lowbit::decode_e5m2(c) : lowbit::decode_e4m3(c);
+  if (!std::isfinite(v)) return false;
+  *q = int64_t(std::ldexp(double(v), e5m2 ? 16 : 9));
+  return true;
+}
+inline float fp8_value(uint8_t c, bool e5m2) { return e5m2 ? lowbit::decode_e5m2(c) : lowbit::decode_e4m3(c); }
 /// Thread t's accumulators of its op number i (all threads' A fragments of op i are read).
 inline void wgmma_compute(WarpGroup& wg, unsigned t, uint64_t i) {
   WgmmaOp& op = wg.th[t].ops[i % WarpGroup::kRing];
   Sm90Cta& s = s90();
   // every thread compares its op with thread 0's: all 128 issued the same MMA
   const WgmmaOp& o0 = wg.th[0].ops[i % WarpGroup::kRing];
-  if (wg.th[0].issued.load(std::memory_order_relaxed) <= i || o0.desc != op.desc || o0.n != op.n)
-    fail("wgmma: the threads of the warpgroup issued different MMAs (shape or B descriptor)");
+  if (wg.th[0].issued.load(std::memory_order_relaxed) <= i || o0.desc != op.desc || o0.n != op.n ||
+      o0.type != op.type || o0.scale_d != op.scale_d)
+    fail("wgmma: the threads of the warpgroup issued different MMAs (shape, types, scale-d or B descriptor)");
   wgmma_check_desc(op.desc);
   const unsigned warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
-  // B element (k, c), with the proxy check of its bytes
-  auto Bval = [&](unsigned k, unsigned c) {
-    const uint32_t a = wgmma_b_addr(op.desc, int(c), int(k));
-    check_window(a, 2, "wgmma B operand");
+  const bool fp8 = op.type != WgmmaType::kBf16;
+  const uint32_t eb = fp8 ? 1u : 2u;
+  // B element (k, c) of this MMA: its shared address, with the proxy check of its bytes
+  auto Baddr = [&](unsigned k, unsigned c) {
+    const uint32_t a = wgmma_b_addr(op.desc, int(c), int(k), eb);
+    check_window(a, eb, "wgmma B operand");
     const uint64_t sh = s.shadow[a / 16].load(std::memory_order_relaxed);
     if (sh >> 63) {
       const unsigned w = unsigned(sh >> 32) & 0xFFFFu;
@@ -482,30 +546,80 @@ inline void wgmma_compute(WarpGroup& wg, unsigned t, uint64_t i) {
         fail("wgmma reads shared memory written by a cp.async of thread " + std::to_string(w) +
              " without a fence.proxy.async by that thread after the copy landed");
     }
-    uint16_t h;
-    std::memcpy(&h, cta->window + a, 2);
-    return lowbit::decode_bf16(h);
+    return a;
   };
-  // A rows g and g + 8 of this warp: A[r][k] is held by lane 4 (r % 8) + (k % 8) / 2 of warp r / 16,
-  // register (r % 16) / 8 + 2 (k / 8), half k % 2
-  float A[2][16];
-  for (unsigned hr = 0; hr < 2; ++hr)
-    for (unsigned k = 0; k < 16; ++k) {
-      const unsigned th = 32 * warp + 4 * g + (k % 8) / 2, reg = hr + 2 * (k / 8);
-      A[hr][k] = lowbit::decode_bf16(uint16_t(wg.th[th].ops[i % WarpGroup::kRing].a[reg] >> (16 * (k % 2))));
+  if (!fp8) {
+    auto Bval = [&](unsigned k, unsigned c) {
+      uint16_t h;
+      std::memcpy(&h, cta->window + Baddr(k, c), 2);
+      return lowbit::decode_bf16(h);
+    };
+    // A rows g and g + 8 of this warp: A[r][k] is held by lane 4 (r % 8) + (k % 8) / 2 of warp r / 16,
+    // register (r % 16) / 8 + 2 (k / 8), half k % 2
+    float A[2][16];
+    for (unsigned hr = 0; hr < 2; ++hr)
+      for (unsigned k = 0; k < 16; ++k) {
+        const unsigned th = 32 * warp + 4 * g + (k % 8) / 2, reg = hr + 2 * (k / 8);
+        A[hr][k] = lowbit::decode_bf16(uint16_t(wg.th[th].ops[i % WarpGroup::kRing].a[reg] >> (16 * (k % 2))));
+      }
+    // D register j: D[16 warp + g + 8 ((j >> 1) & 1)][8 (j >> 2) + 2q + (j & 1)]
+    float B[16][2];
+    for (unsigned j = 0; j < op.n; ++j) {
+      const unsigned hr = (j >> 1) & 1, c = 8 * (j >> 2) + 2 * q + (j & 1);
+      if ((j & 3) == 0)  // a new column pair: B[k][c], B[k][c + 1]
+        for (unsigned k = 0; k < 16; ++k) {
+          B[k][0] = Bval(k, c);
+          B[k][1] = Bval(k, c + 1);
+        }
+      float acc = op.d[j];
+      for (unsigned k = 0; k < 16; ++k) acc += A[hr][k] * B[k][j & 1];
+      op.d[j] = acc;
     }
-  // D register j: D[16 warp + g + 8 ((j >> 1) & 1)][8 (j >> 2) + 2q + (j & 1)]
-  float B[16][2];
+    op.done = true;
+    return;
+  }
+  // 8-bit forms (k32). A rows g and g + 8 of this warp: A[r][k] is byte k % 4 of register
+  // (r % 16) / 8 + 2 (k / 16) of lane 4 (r % 8) + (k % 16) / 4 of warp r / 16
+  const bool a5 = op.type == WgmmaType::kE5M2E4M3 || op.type == WgmmaType::kE5M2E5M2;
+  const bool b5 = op.type == WgmmaType::kE4M3E5M2 || op.type == WgmmaType::kE5M2E5M2;
+  uint8_t A[2][32];
+  for (unsigned hr = 0; hr < 2; ++hr)
+    for (unsigned k = 0; k < 32; ++k) {
+      const unsigned th = 32 * warp + 4 * g + (k % 16) / 4, reg = hr + 2 * (k / 16);
+      A[hr][k] = uint8_t(wg.th[th].ops[i % WarpGroup::kRing].a[reg] >> (8 * (k % 4)));
+    }
+  // the products of codes a * 2^ea and b * 2^eb, summed exactly as integers in units of
+  // 2^-(ea + eb) (at most 2^63.6 in all: 128 bits), rounded once to fp32
+  const int shift = (a5 ? 16 : 9) + (b5 ? 16 : 9);
+  uint8_t B[32][2];
   for (unsigned j = 0; j < op.n; ++j) {
     const unsigned hr = (j >> 1) & 1, c = 8 * (j >> 2) + 2 * q + (j & 1);
     if ((j & 3) == 0)  // a new column pair: B[k][c], B[k][c + 1]
-      for (unsigned k = 0; k < 16; ++k) {
-        B[k][0] = Bval(k, c);
-        B[k][1] = Bval(k, c + 1);
+      for (unsigned k = 0; k < 32; ++k) {
+        B[k][0] = cta->window[Baddr(k, c)];
+        B[k][1] = cta->window[Baddr(k, c + 1)];
       }
-    float acc = op.d[j];
-    for (unsigned k = 0; k < 16; ++k) acc += A[hr][k] * B[k][j & 1];
-    op.d[j] = acc;
+    __int128 sum = 0;
+    bool special = false;
+    for (unsigned k = 0; k < 32; ++k) {
+      int64_t x, y;
+      if (!fp8_units(A[hr][k], a5, &x) || !fp8_units(B[k][j & 1], b5, &y)) {
+        special = true;
+        break;
+      }
+      sum += __int128(x) * y;
+    }
+    double v;
+    if (special) {  // a NaN or Inf operand: IEEE arithmetic (every finite part is exact in fp64)
+      v = 0.0;
+      for (unsigned k = 0; k < 32; ++k) v += double(fp8_value(A[hr][k], a5)) * double(fp8_value(B[k][j & 1], b5));
+      if (op.scale_d) v += double(op.d[j]);
+      op.d[j] = float(v);
+    } else if (!op.scale_d || op.d[j] == 0.0f) {
+      op.d[j] = std::ldexp(static_cast<float>(sum), -shift);  // one rounding (the scaling is exact)
+    } else {
+      op.d[j] = float(std::ldexp(static_cast<double>(sum), -shift) + double(op.d[j]));
+    }
   }
   op.done = true;
 }
@@ -514,7 +628,8 @@ inline void wgmma_fence() {
   WarpGroup& wg = my_wg(&t, "wgmma.fence");
   wg.th[t].fenced = true;
 }
-inline void wgmma_issue(const uint32_t (&a)[4], uint64_t desc, float* d, unsigned n) {
+inline void wgmma_issue(const uint32_t (&a)[4], uint64_t desc, float* d, unsigned n,
+                        WgmmaType type = WgmmaType::kBf16, bool scale_d = true) {
   unsigned t;
   WarpGroup& wg = my_wg(&t, "wgmma.mma_async");
   WarpGroup::Thread& me = wg.th[t];
@@ -525,6 +640,8 @@ inline void wgmma_issue(const uint32_t (&a)[4], uint64_t desc, float* d, unsigne
   op.desc = desc;
   op.d = d;
   op.n = n;
+  op.type = type;
+  op.scale_d = scale_d;
   op.done = false;
   const uint64_t i = me.issued.load(std::memory_order_relaxed);
   me.issued.store(i + 1, std::memory_order_relaxed);
