@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/plan_decode.hpp"
+#include "cuda/common/device_info.cuh"
 #include "cuda/common/workspace.cuh"
 
 namespace lowbit::cuda {
@@ -61,6 +62,27 @@ cudaError_t run_cache_append(CacheAppend& x, int64_t B, int64_t H, int64_t D, in
   if (e == cudaSuccess) e = tokens(B * H * x.n_chunks);
   const cudaError_t f = cudaFreeAsync(ws, st);
   return e == cudaSuccess ? f : e;
+}
+
+/// The append of a validated plan (detail::VCacheAppendPlan, detail::KCacheAppendPlan) by the
+/// kernels kScales (a thread per (b, h, channel)) and kTokens (kThreads threads per work item, at
+/// most 8 CTAs per SM) of parameters P; chunk_of(D): tokens per work item. An empty cache: nothing.
+template <auto kScales, auto kTokens, int kThreads, typename P, typename Plan, typename ChunkOf>
+cudaError_t append_to_cache(const Plan& plan, ChunkOf chunk_of, cudaStream_t st) {
+  const auto& c = plan.cache;
+  if (c.B == 0 || c.T == 0 || c.H == 0 || c.D == 0) return cudaSuccess;
+  P a;
+  a.c = c;
+  return run_cache_append(
+      a.x, c.B, c.H, c.D, c.T, plan.cache_T, plan.lengths, plan.lengths_device, plan.pages, chunk_of(c.D), st,
+      [&] {
+        kScales<<<unsigned(grid_for(kScales, kThreads, c.B * c.H * c.D)), kThreads, 0, st>>>(a);
+        return cudaGetLastError();
+      },
+      [&](int64_t items) {
+        kTokens<<<unsigned(grid_for(kTokens, kThreads, items * kThreads, 8)), kThreads, 0, st>>>(a);
+        return cudaGetLastError();
+      });
 }
 
 }  // namespace lowbit::cuda

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "cuda/attention/mxfp8_attn_producer.cuh"
+#include "cuda/attention/mxfp8_attn_pipeline.cuh"
 
 namespace lowbit::cuda::attention {
 
@@ -44,21 +45,6 @@ template <>
 struct PvMma<256> {
   using Op = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
 };
-
-template <int kN, size_t... I>
-__device__ __forceinline__ void qk_mma(uint64_t da, uint64_t db, float* d, bool accumulate, std::index_sequence<I...>) {
-  QkMma<kN>::Op::fma(da, db, d[I]..., accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
-template <int kN, size_t... I>
-__device__ __forceinline__ void pv_mma(const uint32_t (&a)[4], uint64_t db, float* d, std::index_sequence<I...>) {
-  PvMma<kN>::Op::fma(a[0], a[1], a[2], a[3], db, d[I]..., cute::SM90::GMMA::ScaleOut::One);
-}
-
-template <int kN>
-__device__ __forceinline__ void fence_acc(float (&d)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) cute::warpgroup_fence_operand(d[i]);
-}
 
 /// Q' for this warpgroup's 64 rows (two threads per row, kD/2 channels each) and the per-row
 /// factor rf = softmax_scale * log2(e) * 2^(e - c) into shared memory, where e = oq + ok - 254
@@ -147,7 +133,7 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint64_t da = smem_desc<128>(q_addr + (kk / 4) * 64 * 128 + (kk % 4) * 32);
       const uint64_t db = smem_desc<128>(k_addr + (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
-      qk_mma<kBlockN>(da, db, sacc, kk > 0, std::make_index_sequence<kS>{});
+      gmma_ss<typename QkMma<kBlockN>::Op>(da, db, sacc, kk > 0, std::make_index_sequence<kS>{});
     }
     cute::warpgroup_commit_batch();
   };
@@ -158,7 +144,8 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 16; ++kc) {
-      pv_mma<kD>(pa[kc], smem_desc_mn(v_addr + kc * 16 * 128, kBlockN * 128), o, std::make_index_sequence<kO>{});
+      gmma_rs<typename PvMma<kD>::Op>(pa[kc], smem_desc_mn(v_addr + kc * 16 * 128, kBlockN * 128), o,
+                                      std::make_index_sequence<kO>{});
     }
     cute::warpgroup_commit_batch();
   };
@@ -242,53 +229,8 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     }
   };
 
-  // Tile 0 alone; then per tile t, S(t) = Q' K'(t)^T and O += P(t-1) V'(t-1) are issued together
-  // and the softmax of S(t) runs while the tensor cores do the PV product. K'(t) goes back to the
-  // producer as soon as S(t) is ready, V'(t-1) after its product. (No conditional wgmma inside the
-  // loop: ptxas serializes wgmma groups it cannot match to their waits.)
-  auto phase = [&](uint32_t gt) { return (gt / T::kStages) & 1; };
-  int prev_st = 0;
-  uint32_t prev_gt = g;
-  if (n_tiles > 0) {
-    prev_st = g % T::kStages;
-    cutlass::arch::ClusterBarrier::wait(sm.k_full(prev_st), phase(g));
-    float sacc[kS];
-    issue_qk(sacc, prev_st);
-    cute::warpgroup_wait<0>();
-    fence_acc(sacc);
-    release(sm.k_empty(prev_st));
-    float alpha0, alpha1;
-    softmax(sacc, 0, alpha0, alpha1);
-    pack_p(sacc);
-  }
-  for (int t = 1; t < n_tiles; ++t) {
-    const uint32_t gt = g + t;
-    const int st = gt % T::kStages;
-    cutlass::arch::ClusterBarrier::wait(sm.k_full(st), phase(gt));
-    float sacc[kS];
-    issue_qk(sacc, st);
-    cutlass::arch::ClusterBarrier::wait(sm.v_full(prev_st), phase(prev_gt));
-    issue_pv(prev_st);
-    cute::warpgroup_wait<1>();  // S(t) is ready; PV(t-1) may still run
-    fence_acc(sacc);
-    release(sm.k_empty(st));
-    float alpha0, alpha1;
-    softmax(sacc, t, alpha0, alpha1);
-    cute::warpgroup_wait<0>();
-    fence_acc(o);
-    release(sm.v_empty(prev_st));
-    rescale_o(alpha0, alpha1);
-    pack_p(sacc);
-    prev_st = st;
-    prev_gt = gt;
-  }
-  if (n_tiles > 0) {
-    cutlass::arch::ClusterBarrier::wait(sm.v_full(prev_st), phase(prev_gt));
-    issue_pv(prev_st);
-    cute::warpgroup_wait<0>();
-    fence_acc(o);
-    release(sm.v_empty(prev_st));
-  }
+  // The key tiles (mxfp8_attn_pipeline.cuh: S(t) and PV(t-1) issued together).
+  run_key_tiles<T::kStages, kS>(n_tiles, g, sm, o, issue_qk, issue_pv, release, softmax, pack_p, rescale_o);
 
   // Epilogue.
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

@@ -24,7 +24,8 @@ __device__ __forceinline__ uint32_t bf16_sw128_offset(int rows, int r, int col) 
   return uint32_t(atom * rows * 128 + r * 128 + ((chunk ^ (r & 7)) << 4));
 }
 
-/// wgmma shared-memory descriptor, K-major, swizzled rows of kRowBytes (128 or 64 bytes).
+/// wgmma shared-memory descriptor, K-major, swizzled rows of kRowBytes (128 or 64 bytes; 8-row groups
+/// 8 * kRowBytes apart). Both paths: the bf16 operands here, the FP8 ones (mxfp8_attn_fp8_convert.cuh).
 template <int kRowBytes>
 __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr) {
   uint64_t d = 0;

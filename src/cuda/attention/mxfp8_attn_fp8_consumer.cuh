@@ -20,6 +20,7 @@
 
 #include "cuda/attention/mxfp8_attn_convert.cuh"  // fast_exp2, pack helpers of the exact path
 #include "cuda/attention/mxfp8_attn_fp8_producer.cuh"
+#include "cuda/attention/mxfp8_attn_pipeline.cuh"
 
 namespace lowbit::cuda::attention::fp8 {
 
@@ -49,21 +50,6 @@ template <>
 struct PvMma<256> {
   using Op = gmma::MMA_64x256x32_F32E4M3E4M3_RS_TN<>;
 };
-
-template <int kN, size_t... I>
-__device__ __forceinline__ void qk_mma(uint64_t da, uint64_t db, float* d, bool accumulate, std::index_sequence<I...>) {
-  QkMma<kN>::Op::fma(da, db, d[I]..., accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero);
-}
-template <int kN, size_t... I>
-__device__ __forceinline__ void pv_mma(const uint32_t (&a)[4], uint64_t db, float* d, std::index_sequence<I...>) {
-  PvMma<kN>::Op::fma(a[0], a[1], a[2], a[3], db, d[I]..., gmma::ScaleOut::One);
-}
-
-template <int kN>
-__device__ __forceinline__ void fence_acc(float (&d)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) cute::warpgroup_fence_operand(d[i]);
-}
 
 /// Q' for this warpgroup's 64 rows (two threads per row, kD/2 channels each) and the per-row
 /// factor rf = softmax_scale * log2(e) * 2^(R - 254) into shared memory. Rows past the sequence:
@@ -147,8 +133,8 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < kD / 32; ++kk) {
-      qk_mma<kBlockN>(k32_desc<T::kWQK>(q_desc, 64, kk), k32_desc<T::kWQK>(k_desc, kBlockN, kk), sacc, kk > 0,
-                      std::make_index_sequence<kS>{});
+      gmma_ss<typename QkMma<kBlockN>::Op>(k32_desc<T::kWQK>(q_desc, 64, kk), k32_desc<T::kWQK>(k_desc, kBlockN, kk), sacc,
+                                           kk > 0, std::make_index_sequence<kS>{});
     }
     cute::warpgroup_commit_batch();
   };
@@ -159,7 +145,7 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 32; ++kc) {
-      pv_mma<kD>(pa[kc], k32_desc<T::kWV>(v_desc, kD, kc), o, std::make_index_sequence<kO>{});
+      gmma_rs<typename PvMma<kD>::Op>(pa[kc], k32_desc<T::kWV>(v_desc, kD, kc), o, std::make_index_sequence<kO>{});
     }
     cute::warpgroup_commit_batch();
   };
@@ -243,12 +229,8 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     }
   };
 
-  // Tile 0 alone; then per tile t, S(t) = Q' K'(t)^T and O += P(t-1) V'(t-1) are issued together
-  // and the softmax of S(t) runs while the tensor cores do the PV product. K'(t) goes back to the
-  // producer as soon as S(t) is ready, V'(t-1) after its product. (No conditional wgmma inside the
-  // loop: ptxas serializes wgmma groups it cannot match to their waits.)
-  auto phase = [&](uint32_t gt) { return (gt / T::kStages) & 1; };
   if constexpr (kProfile == 2) {  // dev builds: the stages' handshakes alone
+    auto phase = [&](uint32_t gt) { return (gt / T::kStages) & 1; };
     for (int t = 0; t < n_tiles; ++t) {
       const uint32_t gt = g + t;
       const int st = gt % T::kStages;
@@ -259,48 +241,8 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     }
     return;
   }
-  int prev_st = 0;
-  uint32_t prev_gt = g;
-  if (n_tiles > 0) {
-    prev_st = g % T::kStages;
-    cutlass::arch::ClusterBarrier::wait(sm.k_full(prev_st), phase(g));
-    float sacc[kS];
-    issue_qk(sacc, prev_st);
-    cute::warpgroup_wait<0>();
-    fence_acc(sacc);
-    release(sm.k_empty(prev_st));
-    float alpha0, alpha1;
-    softmax(sacc, 0, alpha0, alpha1);
-    pack_p(sacc);
-  }
-  for (int t = 1; t < n_tiles; ++t) {
-    const uint32_t gt = g + t;
-    const int st = gt % T::kStages;
-    cutlass::arch::ClusterBarrier::wait(sm.k_full(st), phase(gt));
-    float sacc[kS];
-    issue_qk(sacc, st);
-    cutlass::arch::ClusterBarrier::wait(sm.v_full(prev_st), phase(prev_gt));
-    issue_pv(prev_st);
-    cute::warpgroup_wait<1>();  // S(t) is ready; PV(t-1) may still run
-    fence_acc(sacc);
-    release(sm.k_empty(st));
-    float alpha0, alpha1;
-    softmax(sacc, t, alpha0, alpha1);
-    cute::warpgroup_wait<0>();
-    fence_acc(o);
-    release(sm.v_empty(prev_st));
-    rescale_o(alpha0, alpha1);
-    pack_p(sacc);
-    prev_st = st;
-    prev_gt = gt;
-  }
-  if (n_tiles > 0) {
-    cutlass::arch::ClusterBarrier::wait(sm.v_full(prev_st), phase(prev_gt));
-    issue_pv(prev_st);
-    cute::warpgroup_wait<0>();
-    fence_acc(o);
-    release(sm.v_empty(prev_st));
-  }
+  // The key tiles (mxfp8_attn_pipeline.cuh: S(t) and PV(t-1) issued together).
+  run_key_tiles<T::kStages, kS>(n_tiles, g, sm, o, issue_qk, issue_pv, release, softmax, pack_p, rescale_o);
 
   // Epilogue: out = O 2^(Av[b] - 127) / l per 32-channel block b (V'^T = v * 2^(v_scale - Av[b])).
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

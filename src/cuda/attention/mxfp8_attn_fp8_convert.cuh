@@ -31,25 +31,13 @@ namespace lowbit::cuda::attention::fp8 {
 /// atoms of kW bytes per row (kW = 128: 128B swizzle, 16-byte chunk c of row r at c ^ (r % 8);
 /// kW = 64: 64B swizzle, chunk c at c ^ ((r / 2) % 4)); atoms along the row are rows * kW bytes
 /// apart. This is the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B / _64B and boxes of kW
-/// bytes, and the one the wgmma descriptors below describe.
+/// bytes, and the one the wgmma descriptors (smem_desc, mxfp8_attn_convert.cuh) describe.
 template <int kW>
 __host__ __device__ __forceinline__ uint32_t sw_offset(int rows, int r, int col) {
   static_assert(kW == 128 || kW == 64, "swizzle atom of 64 or 128 bytes");
   const int atom = col / kW, within = col % kW, chunk = within >> 4;
   const int sw = kW == 128 ? (r & 7) : ((r >> 1) & 3);
   return uint32_t(atom * rows * kW + r * kW + ((chunk ^ sw) << 4) + (within & 15));
-}
-
-/// wgmma shared-memory descriptor of a K-major operand in kW-byte swizzle atoms (8-row groups
-/// 8 * kW bytes apart; the k32 step of an FP8 wgmma is 32 bytes inside an atom).
-template <int kW>
-__device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr) {
-  uint64_t d = 0;
-  d |= uint64_t((smem_addr & 0x3FFFF) >> 4);
-  d |= uint64_t(1) << 16;                     // leading byte offset: unused (swizzled K-major)
-  d |= uint64_t((8 * kW) >> 4) << 32;         // stride byte offset: 8 rows
-  d |= uint64_t(kW == 128 ? 1 : 2) << 62;     // 128B / 64B swizzle
-  return d;
 }
 
 /// Byte offset of the k32 step kk of a K-major FP8 operand of `rows` rows (kW-byte atoms).

@@ -31,17 +31,10 @@ __device__ void scan_kv_block_scales(const AttnParams& p, const SeqBounds& s, in
   int mk[T::kBlocks], mv[T::kBlocks];
 #pragma unroll
   for (int i = 0; i < T::kBlocks; ++i) mk[i] = mv[i] = -1;
-  const uint8_t* ks = p.k_scale + b * p.ks_stride[0] + hk * p.ks_stride[1];
-  const uint8_t* vs = p.v_scale + b * p.vs_stride[0] + hk * p.vs_stride[1];
-  for (int t = tid; t < s.len_k; t += 128) {
-    const int64_t tok = s.k_start + t;
-#pragma unroll
-    for (int i = 0; i < T::kBlocks; ++i) {
-      const int kb = ks[tok * p.ks_stride[2] + i], vb = vs[tok * p.vs_stride[2] + i];
-      if (kb != 255) mk[i] = max(mk[i], kb);
-      if (vb != 255) mv[i] = max(mv[i], vb);
-    }
-  }
+  for_each_kv_scale<T::kBlocks>(p, s, b, hk, tid, [&](int i, int kb, int vb) {
+    if (kb != 255) mk[i] = max(mk[i], kb);
+    if (vb != 255) mv[i] = max(mv[i], vb);
+  });
   int* scratch = sm.misc() + kMiscScratch + 16 * warp;
 #pragma unroll
   for (int i = 0; i < T::kBlocks; ++i) {

@@ -39,23 +39,33 @@ struct AttnSmem {
 
 constexpr int kProducerBarrier = 1;  ///< named barrier of the producer warpgroup
 
+/// Every K and V scale byte of the head that producer thread tid reads (tokens tid, tid + 128, ...):
+/// f(i, kb, vb) with kb / vb the bytes of scale block i of a token.
+template <int kBlocks, class F>
+__device__ __forceinline__ void for_each_kv_scale(const AttnParams& p, const SeqBounds& s, int b, int hk, int tid,
+                                                  F&& f) {
+  const uint8_t* ks = p.k_scale + b * p.ks_stride[0] + hk * p.ks_stride[1];
+  const uint8_t* vs = p.v_scale + b * p.vs_stride[0] + hk * p.vs_stride[1];
+  for (int t = tid; t < s.len_k; t += 128) {
+    const int64_t tok = s.k_start + t;
+#pragma unroll
+    for (int i = 0; i < kBlocks; ++i) {
+      const int kb = ks[tok * p.ks_stride[2] + i], vb = vs[tok * p.vs_stride[2] + i];
+      f(i, kb, vb);
+    }
+  }
+}
+
 /// The head's largest finite K scale (ok) and V scale (ov); 127 when a head has none. Run by the
 /// producer warpgroup; visible to all after the next CTA barrier.
 template <class T>
 __device__ void scan_kv_scales(const AttnParams& p, const SeqBounds& s, int b, int hk, const AttnSmem<T>& sm) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   int mk = -1, mv = -1;
-  const uint8_t* ks = p.k_scale + b * p.ks_stride[0] + hk * p.ks_stride[1];
-  const uint8_t* vs = p.v_scale + b * p.vs_stride[0] + hk * p.vs_stride[1];
-  for (int t = tid; t < s.len_k; t += 128) {
-    const int64_t tok = s.k_start + t;
-#pragma unroll
-    for (int i = 0; i < T::kBlocks; ++i) {
-      const int kb = ks[tok * p.ks_stride[2] + i], vb = vs[tok * p.vs_stride[2] + i];
-      if (kb != 255) mk = max(mk, kb);
-      if (vb != 255) mv = max(mv, vb);
-    }
-  }
+  for_each_kv_scale<T::kBlocks>(p, s, b, hk, tid, [&](int, int kb, int vb) {
+    if (kb != 255) mk = max(mk, kb);
+    if (vb != 255) mv = max(mv, vb);
+  });
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     mk = max(mk, __shfl_xor_sync(0xffffffffu, mk, o));

@@ -173,22 +173,8 @@ int fp8_vcache_quantize(const detail::VCachePlan& p, void* stream) {
 
 int fp8_vcache_append(const detail::VCacheAppendPlan& plan, void* stream) {
   using namespace vcache;
-  const auto st = static_cast<cudaStream_t>(stream);
-  const VCachePlan& c = plan.cache;
-  if (c.B == 0 || c.T == 0 || c.H == 0 || c.D == 0) return cudaSuccess;
-  AppendParams a;
-  a.c = c;
-  return run_cache_append(
-      a.x, c.B, c.H, c.D, c.T, plan.cache_T, plan.lengths, plan.lengths_device, plan.pages,
-      c.D >= 4096 ? 1 : 4096 / c.D, st,
-      [&] {
-        vc_append_scales<<<unsigned(grid_for(vc_append_scales, kThreads, c.B * c.H * c.D)), kThreads, 0, st>>>(a);
-        return cudaGetLastError();
-      },
-      [&](int64_t items) {
-        vc_append_tokens<<<unsigned(grid_for(vc_append_tokens, kThreads, items * kThreads, 8)), kThreads, 0, st>>>(a);
-        return cudaGetLastError();
-      });
+  return append_to_cache<vc_append_scales, vc_append_tokens, kThreads, AppendParams>(
+      plan, [](int64_t D) { return D >= 4096 ? 1 : 4096 / D; }, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace lowbit::cuda

@@ -642,23 +642,13 @@ int kproj_rope_nf4_encode(const detail::KprojRopePlan& plan, void* stream) {
 
 int nf4_kcache_append(const detail::KCacheAppendPlan& plan, void* stream) {
   using namespace kenc;
-  const auto st = static_cast<cudaStream_t>(stream);
-  const KCachePlan& c = plan.cache;
-  if (c.B == 0 || c.T == 0 || c.H == 0 || c.D == 0) return cudaSuccess;
-  AppendParams a;
-  a.c = c;
-  const int64_t D2 = c.D / 2;
-  return run_cache_append(
-      a.x, c.B, c.H, c.D, c.T, plan.cache_T, plan.lengths, plan.lengths_device, plan.pages,
-      D2 >= 2048 ? 1 : 4096 / D2, st,
-      [&] {
-        append_scales<<<unsigned(grid_for(append_scales, kThreads, c.B * c.H * c.D)), kThreads, 0, st>>>(a);
-        return cudaGetLastError();
+  return append_to_cache<append_scales, append_tokens, kThreads, AppendParams>(
+      plan,
+      [](int64_t D) {
+        const int64_t D2 = D / 2;
+        return D2 >= 2048 ? 1 : 4096 / D2;
       },
-      [&](int64_t items) {
-        append_tokens<<<unsigned(grid_for(append_tokens, kThreads, items * kThreads, 8)), kThreads, 0, st>>>(a);
-        return cudaGetLastError();
-      });
+      static_cast<cudaStream_t>(stream));
 }
 
 int read_int32(const int32_t* device_src, int64_t n, int32_t* host_dst, void* stream) {

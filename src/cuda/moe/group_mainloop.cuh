@@ -48,18 +48,7 @@ __global__ void __launch_bounds__(256, 2) group_gemm_kernel(GroupArgs A) {
   if constexpr (kItems) asm volatile("" : "+r"(tid_l), "+r"(bx_l), "+r"(bz_l));
   const int tid = tid_l, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  if (tid < 32) {
-    if constexpr (kItems) __syncwarp();
-    const int64_t y = kItems ? s_work[2] : int64_t(blockIdx.y);
-    int64_t grp = -1, tile = 0;
-    if ((kItems && y >= A.max_tiles) || !find_tile(A, kTileN, y, &grp, &tile)) grp = -1;
-    if constexpr (kItems) __syncwarp();
-    if (lane == 0) {
-      s_work[0] = grp;
-      s_work[1] = tile;
-      if constexpr (kItems) s_work[2] = y + gridDim.y;
-    }
-  }
+  if (tid < 32) claim_tile<kItems>(A, kTileN, lane, s_work);
   __syncthreads();
   const int64_t grp = s_work[0];
   if (grp < 0) return;

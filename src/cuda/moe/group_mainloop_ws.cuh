@@ -55,18 +55,7 @@ __global__ void __launch_bounds__(288, 2)
   // every consumer alike.
   uint32_t pipe = 0;
   for (;;) {
-  if (tid < 32) {
-    if constexpr (kItems) __syncwarp();
-    const int64_t y = kItems ? s_work[2] : int64_t(blockIdx.y);
-    int64_t grp = -1, tile = 0;
-    if ((kItems && y >= A.max_tiles) || !find_tile(A, kTileN, y, &grp, &tile)) grp = -1;
-    if constexpr (kItems) __syncwarp();
-    if (lane == 0) {
-      s_work[0] = grp;
-      s_work[1] = tile;
-      if constexpr (kItems) s_work[2] = y + gridDim.y;
-    }
-  }
+  if (tid < 32) claim_tile<kItems>(A, kTileN, lane, s_work);
   __syncthreads();
   const int64_t grp = s_work[0];
   if (grp < 0) return;

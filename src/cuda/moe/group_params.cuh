@@ -256,4 +256,17 @@ inline GroupArgs make_mlp_params(const MoeMlpPlan& p, MlpGemm gemm, const int32_
   return a;
 }
 
+/// A weight prepack of p: kKernel(p, Np, Kx) over the G Np rows of Kx packed K bytes (a thread per
+/// packed 32-bit word and per scale byte; 256 threads a CTA, at most 8 CTAs per SM).
+template <auto kKernel>
+int launch_prepack(const Mxfp4PackPlan& p, int64_t Np, int64_t Kx, void* stream) {
+  const int64_t n = p.G * Np * (Kx / 8 + Kx / 32);
+  if (n == 0) return 0;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const int64_t blocks = (n + 255) / 256, cap = 8 * int64_t(sm_count(dev));
+  kKernel<<<unsigned(blocks < cap ? blocks : cap), 256, 0, static_cast<cudaStream_t>(stream)>>>(p, Np, Kx);
+  return int(cudaGetLastError());
+}
+
 }  // namespace lowbit::cuda

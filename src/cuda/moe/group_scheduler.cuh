@@ -35,5 +35,23 @@ __device__ bool find_tile(const GroupArgs& A, int NT, int64_t y, int64_t* grp, i
   return false;
 }
 
+/// Warp-wide (the CTA's first warp): claims the CTA's next work item and publishes it in s_work
+/// (s_work[0]: its group, -1 when there is none; s_work[1]: its token tile). kItems: the items are
+/// s_work[2], + gridDim.y, ... below A.max_tiles (s_work[2] moves on); otherwise blockIdx.y alone.
+/// Read by the CTA after its next barrier.
+template <bool kItems>
+__device__ __forceinline__ void claim_tile(const GroupArgs& A, int NT, int lane, int64_t* s_work) {
+  if constexpr (kItems) __syncwarp();
+  const int64_t y = kItems ? s_work[2] : int64_t(blockIdx.y);
+  int64_t grp = -1, tile = 0;
+  if ((kItems && y >= A.max_tiles) || !find_tile(A, NT, y, &grp, &tile)) grp = -1;
+  if constexpr (kItems) __syncwarp();
+  if (lane == 0) {
+    s_work[0] = grp;
+    s_work[1] = tile;
+    if constexpr (kItems) s_work[2] = y + gridDim.y;
+  }
+}
+
 }  // namespace
 }  // namespace lowbit::cuda

@@ -97,24 +97,34 @@ int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
 }
 
 int mxfp4_prepack(const Mxfp4PackPlan& p, void* stream) {
-  const int64_t Np = mxfp4_packed_rows(p.N), Kp = mxfp4_packed_k(p.K);
-  const int64_t n = p.G * Np * (Kp / 8 + Kp / 32);
-  if (n == 0) return 0;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const int64_t blocks = (n + 255) / 256, cap = 8 * int64_t(sm_count(dev));
-  mxfp4_prepack_kernel<<<unsigned(blocks < cap ? blocks : cap), 256, 0, static_cast<cudaStream_t>(stream)>>>(p, Np, Kp);
-  return int(cudaGetLastError());
+  return launch_prepack<mxfp4_prepack_kernel>(p, mxfp4_packed_rows(p.N), mxfp4_packed_k(p.K), stream);
 }
 
-int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
+/// What both MLP entries start from: the stream, the workspace pool and the SM count.
+struct MlpStart {
+  cudaStream_t st = nullptr;
   cudaMemPool_t pool = nullptr;
-  if (cudaError_t pe = workspace_pool(&pool); pe != cudaSuccess) return int(pe);
+  int sms = 0;
+};
+
+/// Fills *m; returns -1 when the MLP has rows to run, else the entry's result (0: no tokens, or the
+/// error of the workspace pool).
+static int start_mlp(const MoeMlpPlan& p, void* stream, MlpStart* m) {
+  m->st = static_cast<cudaStream_t>(stream);
+  if (cudaError_t pe = workspace_pool(&m->pool); pe != cudaSuccess) return int(pe);
   if (p.T == 0) return 0;
   int dev = 0;
   cudaGetDevice(&dev);
-  const int sms = sm_count(dev);
+  m->sms = sm_count(dev);
+  return -1;
+}
+
+int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
+  MlpStart m;
+  if (const int r = start_mlp(p, stream, &m); r >= 0) return r;
+  const cudaStream_t st = m.st;
+  const cudaMemPool_t pool = m.pool;
+  const int sms = m.sms;
   const int64_t rows = p.T * p.topk;  // upper bound of routed rows
   int NT = 16, KT = 64;
   pick_tile(rows, p.E, &NT, &KT);  // both GEMMs: same rows and groups
@@ -169,13 +179,11 @@ int gpt_oss_moe_mlp(const MoeMlpPlan& p, void* stream) {
 }
 
 int gpt_oss_expert_mlp(const MoeMlpPlan& p, void* stream) {
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  cudaMemPool_t pool = nullptr;
-  if (cudaError_t pe = workspace_pool(&pool); pe != cudaSuccess) return int(pe);
-  if (p.T == 0) return 0;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const int sms = sm_count(dev);
+  MlpStart m;
+  if (const int r = start_mlp(p, stream, &m); r >= 0) return r;
+  const cudaStream_t st = m.st;
+  const cudaMemPool_t pool = m.pool;
+  const int sms = m.sms;
   const int64_t rows = p.T;  // upper bound of the compact rows (masked: E x max_tokens)
   const moe::GroupTile tile = moe::pick_layout_tile(rows, p.E, p.max_tokens, p.expected_m);  // both GEMMs
   const int NT = tile.tile_n, KT = tile.tile_k;

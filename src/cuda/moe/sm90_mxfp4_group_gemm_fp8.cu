@@ -102,14 +102,7 @@ int group_gemm_mxfp4_fp8(const GroupGemmPlan& p, void* stream) {
 }
 
 int mxfp4_prepack_fp8(const Mxfp4PackPlan& p, void* stream) {
-  const int64_t Np = mxfp4_packed_rows(p.N), Kq = mxfp4_fp8_packed_k(p.K);
-  const int64_t n = p.G * Np * (Kq / 8 + Kq / 32);
-  if (n == 0) return 0;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const int64_t blocks = (n + 255) / 256, cap = 8 * int64_t(sm_count(dev));
-  mxfp4_prepack_fp8_kernel<<<unsigned(blocks < cap ? blocks : cap), 256, 0, static_cast<cudaStream_t>(stream)>>>(p, Np, Kq);
-  return int(cudaGetLastError());
+  return launch_prepack<mxfp4_prepack_fp8_kernel>(p, mxfp4_packed_rows(p.N), mxfp4_fp8_packed_k(p.K), stream);
 }
 
 }  // namespace lowbit::cuda
