@@ -21,6 +21,7 @@
 #include "cuda/gemm/heuristics.hpp"
 #include "cuda/gemm/launch_gemm.hpp"
 #include "emu_sm90.hpp"
+#include "emu_test_util.hpp"
 #include "lowbit/codecs.hpp"
 #include "lowbit/scale_layout.hpp"
 #include "ref/ref_gemm.hpp"
@@ -42,10 +43,7 @@ struct Case {
 /// gtest (and ctest) print a case by its name.
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-struct Mode {
-  emu::CpAsyncMode copies;
-  emu::WgmmaMode mma;
-};
+using emu_test::Mode;
 
 bool close(float got, float want) {
   if (std::isnan(want)) return std::isnan(got);
@@ -129,8 +127,7 @@ void run_case(const Case& cs, const Mode& mode) {
   detail::DualGemmPlan pe = p;
   pe.c = out.data();
   emu::sm_count = cs.sms;
-  emu::cp_async_mode = mode.copies;
-  emu::wgmma_mode = mode.mma;
+  emu_test::apply(mode);
   emu::launch_log.clear();
   const int rc = cuda_emu::nvfp4_dual_gemm(pe, nullptr, nullptr);
   emu::sm_count = 2;
@@ -161,15 +158,7 @@ void run_case(const Case& cs, const Mode& mode) {
 class EmuDualGemm : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EmuDualGemm, MatchesCpuReference) {
-  const Case& cs = GetParam();
-  {
-    SCOPED_TRACE("copies land at issue, wgmma reads B at wait_group");
-    run_case(cs, {emu::CpAsyncMode::kImmediate, emu::WgmmaMode::kAtWait});
-  }
-  {
-    SCOPED_TRACE("copies land at the wait, wgmma reads B at issue");
-    run_case(cs, {emu::CpAsyncMode::kDeferred, emu::WgmmaMode::kAtIssue});
-  }
+  emu_test::in_both_orders([&](const Mode& mode) { run_case(GetParam(), mode); });
 }
 
 // name, M, N, K, L, sms, blocked, global, nan, nt, splits

@@ -25,6 +25,7 @@
 #include "cuda/moe/heuristics.hpp"
 #include "cuda/moe/launch_moe.hpp"
 #include "emu_sm90.hpp"
+#include "emu_test_util.hpp"
 #include "lowbit/codecs.hpp"
 #include "lowbit/mxfp4_pack.hpp"
 #include "lowbit/scale_layout.hpp"
@@ -76,11 +77,7 @@ struct Case {
 /// gtest (and ctest) print a case by its name.
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-struct Mode {
-  emu::CpAsyncMode copies;
-  emu::WgmmaMode mma;
-};
-
+using emu_test::Mode;
 
 bool close(float got, float want) {
   if (std::isnan(want)) return std::isnan(got);
@@ -284,8 +281,7 @@ void run_case(const Case& cs, const Mode& mode) {
     pe.indptr64 = false;
   }
   emu::sm_count = cs.sms;
-  emu::cp_async_mode = mode.copies;
-  emu::wgmma_mode = mode.mma;
+  emu_test::apply(mode);
   emu::launch_log.clear();
   const int rc = cs.dense ? cuda_emu::mxfp4_gemm(pe, nullptr) : cuda_emu::group_gemm_mxfp4(pe, nullptr);
   emu::sm_count = 2;
@@ -331,15 +327,7 @@ void run_case(const Case& cs, const Mode& mode) {
 class EmuGroupGemm : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EmuGroupGemm, MatchesCpuReference) {
-  const Case& cs = GetParam();
-  {
-    SCOPED_TRACE("copies land at issue, wgmma reads B at wait_group");
-    run_case(cs, {emu::CpAsyncMode::kImmediate, emu::WgmmaMode::kAtWait});
-  }
-  {
-    SCOPED_TRACE("copies land at the wait, wgmma reads B at issue");
-    run_case(cs, {emu::CpAsyncMode::kDeferred, emu::WgmmaMode::kAtIssue});
-  }
+  emu_test::in_both_orders([&](const Mode& mode) { run_case(GetParam(), mode); });
 }
 
 // name, group sizes, N, K, act, packed, b_blocked, max_tokens, sms, special, nt, ws, splits

@@ -39,6 +39,7 @@
 #include "cuda/moe/heuristics.hpp"
 #include "cuda/moe/launch_moe.hpp"
 #include "emu_sm90.hpp"
+#include "emu_test_util.hpp"
 #include "lowbit/codecs.hpp"
 #include "lowbit/mxfp4_pack.hpp"
 #include "lowbit/scale_layout.hpp"
@@ -67,10 +68,7 @@ struct Case {
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-struct Mode {
-  emu::CpAsyncMode copies;
-  emu::WgmmaMode mma;
-};
+using emu_test::Mode;
 
 double out_ulp(double v, DType dt) {
   const int e = std::ilogb(std::fabs(v) + 1e-300);
@@ -235,8 +233,7 @@ void run_case(const Case& cs, const Mode& mode) {
     pe.indptr64 = false;
   }
   emu::sm_count = cs.sms;
-  emu::cp_async_mode = mode.copies;
-  emu::wgmma_mode = mode.mma;
+  emu_test::apply(mode);
   emu::launch_log.clear();
   const int rc = cuda_emu::group_gemm_mxfp4_fp8(pe, nullptr);
   emu::sm_count = 2;
@@ -322,15 +319,7 @@ void run_case(const Case& cs, const Mode& mode) {
 class EmuGroupGemmFp8 : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EmuGroupGemmFp8, MatchesCpuReference) {
-  const Case& cs = GetParam();
-  {
-    SCOPED_TRACE("copies land at issue, wgmma reads B at wait_group");
-    run_case(cs, {emu::CpAsyncMode::kImmediate, emu::WgmmaMode::kAtWait});
-  }
-  {
-    SCOPED_TRACE("copies land at the wait, wgmma reads B at issue");
-    run_case(cs, {emu::CpAsyncMode::kDeferred, emu::WgmmaMode::kAtIssue});
-  }
+  emu_test::in_both_orders([&](const Mode& mode) { run_case(GetParam(), mode); });
 }
 
 // name, group sizes, N, K, e5m2, data, spread, nan, blocked, max_tokens, sms[, out]
