@@ -8,7 +8,8 @@
 #   bash scripts/gpu_check.sh bench/bench_x.py     # bench_conversions and bench_x
 #   bash scripts/gpu_check.sh --bench-only -- --ops mxfp8 --shapes 16384x7168   # args for every bench
 #
-# Steps (each logged under $OUT/logs, default OUT=./out; JSON reports in $OUT):
+# Steps (each logged under $OUT/logs, default OUT=./out; JSON reports in $OUT; all of it also in
+# $OUT/all_logs.tar.gz at exit):
 #   1. pip install --no-build-isolation --no-deps -v . -Cbuild-dir=build-gpu-py   (the Python package with
 #      the sm_90a kernels; CUTLASS headers from .deps/cutlass, see scripts/fetch_cutlass.sh, which
 #      must be run on the developer machine and the folder carried along: nothing can be
@@ -33,6 +34,12 @@ OUT=${OUT:-$root/out}
 export OUT
 logs="$OUT/logs"
 mkdir -p "$logs"
+# One archive of every log and report, written at exit (also when the run is stopped by a time
+# limit or a signal): a machine that hands back only a few files still returns all of them.
+bundle() { tar -czf "$OUT/all_logs.tar.gz" -C "$OUT" --exclude=all_logs.tar.gz . 2>/dev/null || true; }
+trap bundle EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-16}
 LIMIT_S=${GPU_CHECK_LIMIT_S:-570}

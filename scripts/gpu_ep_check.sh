@@ -10,7 +10,8 @@
 #   bash scripts/gpu_ep_check.sh OUT_DIR --bench-only    # (no build) the benchmark only
 #   bash scripts/gpu_ep_check.sh OUT_DIR -- --tokens 256,4096   # arguments for every benchmark run
 #
-# Writes OUT_DIR/logs/*.log (one per step), OUT_DIR/bench_moe_ep_<N>gpu_<dispatch>.json, and prints
+# Writes OUT_DIR/logs/*.log (one per step), OUT_DIR/bench_moe_ep_<N>gpu_<dispatch>.json (all of it also
+# in OUT_DIR/all_logs.tar.gz at exit), and prints
 # a summary table last. Exit status 0 when every step that ran passed.
 #
 # NVLink multicast stays off: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
@@ -36,6 +37,12 @@ shift
 export OUT
 logs="$OUT/logs"
 mkdir -p "$logs"
+# One archive of every log and report, written at exit (also when the run is stopped by a time
+# limit or a signal): a machine that hands back only a few files still returns all of them.
+bundle() { tar -czf "$OUT/all_logs.tar.gz" -C "$OUT" --exclude=all_logs.tar.gz . 2>/dev/null || true; }
+trap bundle EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-16}
 LIMIT_S=${EP_CHECK_LIMIT_S:-570}
