@@ -126,13 +126,8 @@ void run_case(const Case& cs, const Mode& mode) {
   for (auto& v : out) std::memcpy(&v, &kPoison, 4);
   detail::DualGemmPlan pe = p;
   pe.c = out.data();
-  emu::sm_count = cs.sms;
-  emu_test::apply(mode);
-  emu::launch_log.clear();
+  const emu_test::Launch launch(mode, cs.sms);
   const int rc = cuda_emu::nvfp4_dual_gemm(pe, nullptr, nullptr);
-  emu::sm_count = 2;
-  emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
-  emu::wgmma_mode = emu::WgmmaMode::kAtWait;
   ASSERT_EQ(rc, 0);
 
   const cuda_emu::gemm::DualConfig cfg = cuda_emu::gemm::dual_config(M, N, K, L, cs.sms);

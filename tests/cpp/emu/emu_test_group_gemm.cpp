@@ -280,13 +280,8 @@ void run_case(const Case& cs, const Mode& mode) {
     pe.m_indptr = ind32.data();
     pe.indptr64 = false;
   }
-  emu::sm_count = cs.sms;
-  emu_test::apply(mode);
-  emu::launch_log.clear();
+  const emu_test::Launch launch(mode, cs.sms);
   const int rc = cs.dense ? cuda_emu::mxfp4_gemm(pe, nullptr) : cuda_emu::group_gemm_mxfp4(pe, nullptr);
-  emu::sm_count = 2;
-  emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
-  emu::wgmma_mode = emu::WgmmaMode::kAtWait;
   ASSERT_EQ(rc, 0);
 
   // the kernels the host path launched

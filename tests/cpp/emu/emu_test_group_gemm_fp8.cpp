@@ -232,13 +232,8 @@ void run_case(const Case& cs, const Mode& mode) {
     pe.m_indptr = ind32.data();
     pe.indptr64 = false;
   }
-  emu::sm_count = cs.sms;
-  emu_test::apply(mode);
-  emu::launch_log.clear();
+  const emu_test::Launch launch(mode, cs.sms);
   const int rc = cuda_emu::group_gemm_mxfp4_fp8(pe, nullptr);
-  emu::sm_count = 2;
-  emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
-  emu::wgmma_mode = emu::WgmmaMode::kAtWait;
   ASSERT_EQ(rc, 0);
   int fp8_launches = 0;
   for (const emu::LaunchRecord& l : emu::launch_log)

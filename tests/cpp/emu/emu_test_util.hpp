@@ -14,11 +14,25 @@ struct Mode {
   emu::WgmmaMode mma;
 };
 
-/// Sets the emulator's modes for the next launch.
-inline void apply(const Mode& mode) {
-  emu::cp_async_mode = mode.copies;
-  emu::wgmma_mode = mode.mma;
-}
+/// The emulator set up for one kernel launch (its orderings, `sms` SMs, an empty launch log) and put
+/// back to its defaults (copies at issue, wgmma at wait, 2 SMs) when this goes out of scope, also
+/// when a failed assertion returns early.
+class Launch {
+ public:
+  Launch(const Mode& mode, int sms) {
+    emu::sm_count = sms;
+    emu::cp_async_mode = mode.copies;
+    emu::wgmma_mode = mode.mma;
+    emu::launch_log.clear();
+  }
+  ~Launch() {
+    emu::sm_count = 2;
+    emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
+    emu::wgmma_mode = emu::WgmmaMode::kAtWait;
+  }
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+};
 
 /// Runs run(mode) under both orderings: copies landing at issue with wgmma reading at
 /// wait_group (a missing wait shows as stale data), then copies landing at their wait with wgmma
