@@ -1,0 +1,75 @@
+"""One kernel of interest, run a few times, for Nsight Compute (bench/dev/ncu_profile.sh).
+
+    python bench/dev/ncu_targets.py TARGET [--iters 3]
+
+Targets (the shapes where the design records say a profile is needed):
+  attn_fp8       flash_attn_mxfp8_func precision="fp8", b1 s8192 h32 d128, not causal
+  attn_fp8_d256  the same at b2 s4096 h16 d256
+  attn_exact     the exact path at b1 s8192 h32 d128
+  moe_fp8        group_gemm_mxfp4_nt_groupwise precision="fp8", gpt-oss-20b gate_up (32 experts,
+                 N 5760, K 2880), T 4096 x top-4 uniform routing
+  moe_exact      the same on the exact path (prepacked weights)
+  decode         attn_forward_decode_nf4, b8 ctx 32768 h32/8 d128, unpruned (the pipeline is the
+                 launcher's: LOWBIT_DECODE_PIPELINE=split|ws)
+"""
+import argparse
+
+import torch
+
+import lowbit
+
+
+def attn(b, s, h, d, precision):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn((b, s, h, d), device="cuda", generator=g).bfloat16() for _ in range(3))
+    (qc, qs), (kc, ks), (vc, vs) = (lowbit.quantize_mxfp8_attn(t) for t in (q, k, v))
+    return lambda: lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, precision=precision)
+
+
+def moe(precision):
+    G, N, K, T, topk = 32, 5760, 2880, 4096, 4
+    g = torch.Generator(device="cuda").manual_seed(0)
+    codes = torch.randint(0, 256, (G, N, K // 2), device="cuda", dtype=torch.uint8, generator=g)
+    scales = torch.randint(118, 128, (G, N, K // 32), device="cuda", dtype=torch.uint8, generator=g)
+    pb, ps = lowbit.group_gemm_mxfp4_prepack(codes, scales, b_scale_layout="row_major", precision=precision)
+    counts = torch.full((G,), T * topk // G, dtype=torch.int64)
+    m_indptr = torch.zeros(G + 1, dtype=torch.int32)
+    m_indptr[1:] = counts.cumsum(0).to(torch.int32)
+    m_indptr = m_indptr.cuda()
+    a = torch.randn((T * topk, K), device="cuda", generator=g).bfloat16()
+    qa = lowbit.quantize(a, "mxfp8_e4m3", "blocked128x4", m_indptr=m_indptr, group_pad="flashinfer")
+    out = torch.empty((T * topk, N), device="cuda", dtype=torch.bfloat16)
+    return lambda: lowbit.group_gemm_mxfp4_nt_groupwise(
+        qa.data, pb, qa.scales, ps, m_indptr, "bfloat16", a_scale_layout="blocked128x4",
+        b_scale_layout="row_major", group_pad="flashinfer", out=out, b_packed=True, precision=precision)
+
+
+def decode():
+    B, T, H, HK, D = 8, 32768, 32, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    k = torch.randn((B, T, HK, D), device="cuda", generator=g)
+    c, s, r = lowbit.nf4_kcache_quantize(k)
+    q = torch.randn((B, 1, H, D), device="cuda", generator=g).bfloat16()
+    v = torch.randn((B, T, HK, D), device="cuda", generator=g).bfloat16()
+    return lambda: lowbit.attn_forward_decode_nf4(q, c, s, r, v, delta=float("inf"))
+
+
+TARGETS = {
+    "attn_fp8": lambda: attn(1, 8192, 32, 128, "fp8"),
+    "attn_fp8_d256": lambda: attn(2, 4096, 16, 256, "fp8"),
+    "attn_exact": lambda: attn(1, 8192, 32, 128, "exact"),
+    "moe_fp8": lambda: moe("fp8"),
+    "moe_exact": lambda: moe("exact"),
+    "decode": decode,
+}
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", choices=sorted(TARGETS))
+    ap.add_argument("--iters", type=int, default=3)
+    a = ap.parse_args()
+    fn = TARGETS[a.target]()
+    for _ in range(a.iters):
+        fn()
+    torch.cuda.synchronize()
+    print(a.target, "ok")
