@@ -28,7 +28,10 @@ MODEL_CASES = [("llama", "nvfp4"), ("llama", "mxfp4"), ("gpt-oss", "mxfp4"), ("b
 # Per-token relative L2 error of the output allowed (test_nn.py says why). Measured on the CPU
 # (seed 0): llama nvfp4 0.0099 max, llama mxfp4 0 (bit-equal), gpt-oss mxfp4 0.0092, bert nvfp4 0.0044.
 TOL = {"nvfp4": 3e-2, "mxfp4": 2e-2}
-ROUTED_QUANTILE, ROUTED_MAX = 0.9, 0.5  # gpt-oss: 90% of the tokens within TOL, all within 0.5
+# gpt-oss, whole model: 90% of the tokens within TOL (a nearly tied router can pick another expert
+# in one model than in the other, and attention carries that token's change to later ones); its
+# expert modules, fed the reference's own inputs and routing: every token within TOL.
+ROUTED_QUANTILE = 0.9
 
 
 def _config(name: str):
@@ -88,8 +91,12 @@ class Case:
                f"median {errs.median().item():.3g}"
         tol = TOL[self.fmt]
         if self.name == "gpt-oss":
+            assert bool(torch.isfinite(errs).all()), what
             assert torch.quantile(errs, ROUTED_QUANTILE).item() <= tol, what
-            assert errs.max().item() <= ROUTED_MAX, what
+            e = expert_rel_errors(self)
+            assert e.numel() > 0, f"{self.name}: no expert call was seen"
+            assert e.max().item() <= tol, f"{self.name}/{self.fmt}: expert modules on the reference's inputs and " \
+                f"routing: per-token relative errors max {e.max().item():.3g} > {tol:g}"
         else:
             assert errs.max().item() <= tol, what
 
@@ -129,6 +136,37 @@ def token_rel_errors(case: Case) -> torch.Tensor:
         r = case.run(case.ref).double().cpu()
     y, r = y.reshape(-1, y.shape[-1]), r.reshape(-1, r.shape[-1])
     return (y - r).norm(dim=-1) / r.norm(dim=-1).clamp_min(1e-30)
+
+
+def expert_rel_errors(case: Case) -> torch.Tensor:
+    """gpt-oss: every expert-module call of the reference forward (transformers' bf16 expert loop)
+    replayed on the lowbit module of the same name with the same inputs (hidden states, router
+    indices and weights); ||y_t - ref_t|| / ||ref_t|| per token of every call (float64, CPU)."""
+    calls = []
+    hooks = []
+    for name, _ in case.report.replaced:
+        if not isinstance(case.model.get_submodule(name), lnn.GptOssExperts):
+            continue
+        mod = case.ref.get_submodule(name)
+
+        def hook(m, args, kwargs, out, name=name):
+            calls.append((name, args, kwargs, out))
+        hooks.append(mod.register_forward_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            case.run(case.ref)
+    finally:
+        for h in hooks:
+            h.remove()
+    errs = []
+    with torch.no_grad():
+        for name, args, kwargs, out in calls:
+            r = (out[0] if isinstance(out, tuple) else out).double().cpu()
+            y = case.model.get_submodule(name)(*args, **kwargs)
+            y = (y[0] if isinstance(y, tuple) else y).double().cpu()
+            y, r = y.reshape(-1, y.shape[-1]), r.reshape(-1, r.shape[-1])
+            errs.append((y - r).norm(dim=-1) / r.norm(dim=-1).clamp_min(1e-30))
+    return torch.cat(errs) if errs else torch.zeros(0, dtype=torch.float64)
 
 
 def forward_fn(case: Case, which: str) -> Callable[[], torch.Tensor]:
