@@ -6,62 +6,58 @@
 
 #include <cstdint>
 
-// Dev builds only (bench/dev/attn_mxfp8_kernel.cu): 1 = the producer skips its conversions
-// (consumers alone), 2 = the consumers skip their products and softmax (producer alone); the
-// barriers and loads stay. Outputs are then meaningless. Never set in the library.
+// Dev builds only (bench/dev/attn_mxfp8_kernel.cu): 2 = the consumers skip their products and
+// softmax (the loads and handshakes alone). Outputs are then meaningless. Never set in the library.
 #ifndef LOWBIT_ATTN_FP8_PROFILE
 #define LOWBIT_ATTN_FP8_PROFILE 0
+#endif
+
+// Dev builds only: the depth of the K' and V'^T rings (2 in the library).
+#ifndef LOWBIT_ATTN_FP8_STAGES
+#define LOWBIT_ATTN_FP8_STAGES 2
 #endif
 
 namespace lowbit::cuda::attention::fp8 {
 
 constexpr int kProfile = LOWBIT_ATTN_FP8_PROFILE;
 
-/// One CTA = one producer warpgroup (TMA loads of raw K / V, K re-rounded to its per-block head
-/// reference, V re-rounded and transposed to V'^T) + two consumer warpgroups of 64 query rows.
-/// FP8 operands are K-major, stored in swizzle atoms of 128 bytes (64 where a row has 64 bytes).
+/// One CTA = one producer warpgroup (one thread issues the TMA loads of K' and V'^T, written by the
+/// pre-pass, mxfp8_attn_fp8_prep.cuh) + two consumer warpgroups of 64 query rows. FP8 operands are
+/// K-major, stored in swizzle atoms of 128 bytes (64 where a row has 64 bytes).
 template <int kD_>
 struct Traits {
   static constexpr int kD = kD_;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kD == 256 ? 64 : 128;  ///< keys per tile
-  static constexpr int kStages = 2;
+  static constexpr int kStages = LOWBIT_ATTN_FP8_STAGES;
   static constexpr int kBlocks = kD / 32;               ///< scale blocks per row
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegs = 104;
+  static constexpr int kFullArrivals = 1;  ///< K' / V' "full" barriers: the TMA thread's expect_tx
   static constexpr int kConsumerRegs = 200;
   static_assert(kProducerRegs + 2 * kConsumerRegs <= 504, "register pool of 384 threads at 168");
 
-  static constexpr int kWQK = kD >= 128 ? 128 : 64;            ///< atom bytes of Q', K' and raw K / V rows
+  static constexpr int kWQK = kD >= 128 ? 128 : 64;            ///< atom bytes of Q', K' (and raw V in the pre-pass) rows
   static constexpr int kWV = kBlockN >= 128 ? 128 : 64;        ///< atom bytes of V'^T rows (tokens)
   static constexpr int kVC = kD == 64 ? 8 : 16;                ///< channels per V transpose unit
   static constexpr int kVUnits = (kBlockN / 8) * (kD / kVC);   ///< transpose units per tile
-  static_assert(kVUnits == 128, "one V transpose unit per producer thread");
-  static constexpr int kKChunks = kBlockN * kD / 16 / 128;     ///< 16-byte K chunks per producer thread
+  static_assert(kVUnits == 128, "one V transpose unit per pre-pass thread");
 
   static constexpr int kQBytes = kBlockM * kD;     ///< Q' (E4M3), two 64-row halves
   static constexpr int kKBytes = kBlockN * kD;     ///< K' per stage
   static constexpr int kVBytes = kBlockN * kD;     ///< V'^T per stage
-  static constexpr int kRawBytes = kBlockN * kD;   ///< raw K or V codes (TMA, swizzled), per stage
 
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
-  static constexpr int kOffRawK = kOffV + kStages * kVBytes;
-  static constexpr int kOffRawV = kOffRawK + kStages * kRawBytes;
-  static constexpr int kOffRf = kOffRawV + kStages * kRawBytes;  ///< float per query row
-  /// f16 factors 2^(scale - reference) of a tile's K and V scale bytes: [2 buffers][K, V][kBlockN][kBlocks]
-  static constexpr int kOffFac = kOffRf + kBlockM * 4;
-  static constexpr int kFacBytes = 2 * 2 * kBlockN * kBlocks * 2;
-  static constexpr int kFacPerThread = 2 * kBlockN * kBlocks / 128;  ///< factors a producer thread writes per tile
-  static constexpr int kOffMisc = kOffFac + kFacBytes;            ///< Ak[8], Av[8], scan scratch
-  static constexpr int kMiscBytes = 4 * (16 + 4 * 16);
+  static constexpr int kOffRf = kOffV + kStages * kVBytes;  ///< float per query row
+  static constexpr int kOffMisc = kOffRf + kBlockM * 4;     ///< Ak[8], Av[8]
+  static constexpr int kMiscBytes = 4 * 16;
   static constexpr int kOffBar = (kOffMisc + kMiscBytes + 7) / 8 * 8;
-  static constexpr int kBarBytes = 8 * 5 * kStages;  ///< raw_full, k_full, k_empty, v_full, v_empty
+  static constexpr int kBarBytes = 8 * 5 * kStages;  ///< (raw_full, unused), k_full, k_empty, v_full, v_empty
   static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;  ///< + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kOffRawK % 1024 == 0 && kOffRawV % 1024 == 0 &&
-                    kKBytes % 1024 == 0 && (kQBytes / 2) % 1024 == 0,
+  static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKBytes % 1024 == 0 && (kQBytes / 2) % 1024 == 0,
                 "swizzle atoms 1024-aligned");
 };
 

@@ -38,9 +38,9 @@ __device__ __forceinline__ void attn_fwd_kernel_body(const AttnParams& p) {
   if (threadIdx.x == 0) {
     for (int st = 0; st < T::kStages; ++st) {
       cutlass::arch::ClusterTransactionBarrier::init(sm.raw_full(st), 1);
-      cutlass::arch::ClusterBarrier::init(sm.k_full(st), 128);
+      cutlass::arch::ClusterBarrier::init(sm.k_full(st), T::kFullArrivals);
       cutlass::arch::ClusterBarrier::init(sm.k_empty(st), 8);
-      cutlass::arch::ClusterBarrier::init(sm.v_full(st), 128);
+      cutlass::arch::ClusterBarrier::init(sm.v_full(st), T::kFullArrivals);
       cutlass::arch::ClusterBarrier::init(sm.v_empty(st), 8);
     }
     cutlass::arch::fence_barrier_init();

@@ -32,6 +32,9 @@ struct AttnParams {
   int causal = 0;
   int varlen = 0;
   float scale_log2 = 0.f;  ///< softmax_scale * log2(e)
+  /// FP8 path only: Ak / Av of each (sequence, KV head), int32 [batch][heads_kv][16], from the
+  /// pre-pass (mxfp8_attn_fp8_prep.cuh); tm_k / tm_v then map its K' and V'^T.
+  const int32_t* kv_ref = nullptr;
 };
 
 /// Tile shapes and shared-memory map for head dimension kD. One CTA = one producer warpgroup
@@ -47,6 +50,7 @@ struct AttnTraits {
   static constexpr int kBlocks = kD / 32;  ///< scale blocks per row
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegs = 96;  // 96 + 2 * 200 = 496 <= 168 * 384 / 128: the CTA's register pool
+  static constexpr int kFullArrivals = 128;  ///< K' / V' "full" barriers: every producer thread
   static constexpr int kConsumerRegs = 200;
 
   // Byte sizes of the shared-memory regions (each starts 1024-aligned).

@@ -28,13 +28,14 @@ struct AttnSmem {
   __device__ float* rf() const { return reinterpret_cast<float*>(base + T::kOffRf); }
   /// misc[0] = ok, misc[1] = ov, misc[16 ...] = scan scratch
   __device__ int* misc() const { return reinterpret_cast<int*>(base + T::kOffMisc); }
-  __device__ uint64_t* raw_full(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + st; }
+  __device__ uint64_t* bar(int i) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + i; }
+  __device__ uint64_t* raw_full(int st) const { return bar(st); }
   // K' and V' have their own rings: K'(t) returns to the producer as soon as S(t) is computed,
   // V'(t) after the PV product of tile t.
-  __device__ uint64_t* k_full(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 2 + st; }
-  __device__ uint64_t* k_empty(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 4 + st; }
-  __device__ uint64_t* v_full(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 6 + st; }
-  __device__ uint64_t* v_empty(int st) const { return reinterpret_cast<uint64_t*>(base + T::kOffBar) + 8 + st; }
+  __device__ uint64_t* k_full(int st) const { return bar(T::kStages + st); }
+  __device__ uint64_t* k_empty(int st) const { return bar(2 * T::kStages + st); }
+  __device__ uint64_t* v_full(int st) const { return bar(3 * T::kStages + st); }
+  __device__ uint64_t* v_empty(int st) const { return bar(4 * T::kStages + st); }
 };
 
 constexpr int kProducerBarrier = 1;  ///< named barrier of the producer warpgroup
