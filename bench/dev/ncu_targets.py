@@ -5,6 +5,7 @@
 Targets (the shapes where the design records say a profile is needed):
   attn_fp8       flash_attn_mxfp8_func precision="fp8", b1 s8192 h32 d128, not causal
   attn_fp8_d256  the same at b2 s4096 h16 d256
+  attn_fp8_s2048 the same at b4 s2048 h32 d128 (attn_fp8_s2048c: causal)
   attn_exact     the exact path at b1 s8192 h32 d128
   moe_fp8        group_gemm_mxfp4_nt_groupwise precision="fp8", gpt-oss-20b gate_up (32 experts,
                  N 5760, K 2880), T 4096 x top-4 uniform routing
@@ -19,11 +20,11 @@ import torch
 import lowbit
 
 
-def attn(b, s, h, d, precision):
+def attn(b, s, h, d, precision, causal=False):
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn((b, s, h, d), device="cuda", generator=g).bfloat16() for _ in range(3))
     (qc, qs), (kc, ks), (vc, vs) = (lowbit.quantize_mxfp8_attn(t) for t in (q, k, v))
-    return lambda: lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, precision=precision)
+    return lambda: lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, precision=precision, causal=causal)
 
 
 def moe(precision):
@@ -57,6 +58,8 @@ def decode():
 TARGETS = {
     "attn_fp8": lambda: attn(1, 8192, 32, 128, "fp8"),
     "attn_fp8_d256": lambda: attn(2, 4096, 16, 256, "fp8"),
+    "attn_fp8_s2048": lambda: attn(4, 2048, 32, 128, "fp8"),
+    "attn_fp8_s2048c": lambda: attn(4, 2048, 32, 128, "fp8", causal=True),
     "attn_exact": lambda: attn(1, 8192, 32, 128, "exact"),
     "moe_fp8": lambda: moe("fp8"),
     "moe_exact": lambda: moe("exact"),
