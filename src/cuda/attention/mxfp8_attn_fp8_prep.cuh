@@ -2,7 +2,8 @@
 // the MXFP8 attention forward (precision kFp8). Two kernels before the attention kernel, once per
 // call, write what every query-row block of a (sequence, KV head) reads:
 //   1. refs:    the head's largest finite K and V scale of every 32-channel block, Ak[b] and Av[b]
-//               (127 where a block has none), int32 [batch][heads_kv][16] (Ak at 0.., Av at 8..);
+//               (-1 where a block has none, read as 127: prep_ref), int32 [batch][heads_kv][16] (Ak
+//               at 0.., Av at 8..), by atomicMax over chunks of kRefTokens tokens;
 //   2. convert: per key tile of kBlockN tokens
 //                 K'[j, c]   = e4m3(k code * 2^(k_scale[j, b] - Ak[b]))                row-major
 //                 V'^T[c, k] = e4m3(v code[key(k), c] * 2^(v_scale[key(k), b] - Av[b]))  transposed
@@ -72,17 +73,27 @@ __device__ __forceinline__ SeqBounds prep_bounds(const int32_t* cu, int varlen, 
   return s;
 }
 
-/// Grid (heads_kv, batch): Ak[b] and Av[b] of the (sequence, KV head).
+constexpr int kRefTokens = 1024;  ///< tokens per CTA of the refs kernel (8 per thread)
+
+/// Grid (token chunks of kRefTokens, heads_kv, batch), after refs was filled with -1 (bytes 0xFF):
+/// each CTA raises Ak[b] and Av[b] of its (sequence, KV head) to the largest finite scale of its
+/// tokens (atomicMax). A block that keeps -1 has no finite scale: its reference is 127
+/// (prep_ref()).
 template <int kBlocks>
 __global__ void __launch_bounds__(kPrepThreads) attn_fp8_prep_refs_kernel(const PrepParams p) {
-  const int hk = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int chunk = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const SeqBounds s = prep_bounds(p.cu_seqlens_k, p.varlen, p.seqlen_k, b);
+  const int t0 = chunk * kRefTokens;
+  if (t0 >= s.len_k) return;
   const uint8_t* ks = p.k_scale + b * p.ks_stride[0] + hk * p.ks_stride[1];
   const uint8_t* vs = p.v_scale + b * p.vs_stride[0] + hk * p.vs_stride[1];
   int mk[kBlocks], mv[kBlocks];
 #pragma unroll
   for (int i = 0; i < kBlocks; ++i) mk[i] = mv[i] = -1;
-  for (int t = tid; t < s.len_k; t += kPrepThreads) {
+#pragma unroll
+  for (int r = 0; r < kRefTokens / kPrepThreads; ++r) {
+    const int t = t0 + r * kPrepThreads + tid;
+    if (t >= s.len_k) break;
     const int64_t tok = s.k_start + t;
 #pragma unroll
     for (int i = 0; i < kBlocks; ++i) {
@@ -106,15 +117,16 @@ __global__ void __launch_bounds__(kPrepThreads) attn_fp8_prep_refs_kernel(const 
     }
   }
   __syncthreads();
-  if (tid < 16) {
+  if (tid < 16 && tid % 8 < kBlocks) {
     int m = -1;
-    if (tid % 8 < kBlocks) {
 #pragma unroll
-      for (int w = 0; w < kPrepThreads / 32; ++w) m = max(m, red[w][tid]);
-    }
-    p.refs[(int64_t(b) * gridDim.x + hk) * 16 + tid] = m < 0 ? 127 : m;
+    for (int w = 0; w < kPrepThreads / 32; ++w) m = max(m, red[w][tid]);
+    if (m >= 0) atomicMax(p.refs + (int64_t(b) * gridDim.y + hk) * 16 + tid, m);
   }
 }
+
+/// A reference as the refs kernel left it: 127 for a block with no finite scale.
+__device__ __forceinline__ int prep_ref(int r) { return r < 0 ? 127 : r; }
 
 /// The V transpose unit of a pre-pass thread: 8 logical k (kc) by kVC channels (group cg) of a
 /// key tile, read from the tile's raw V rows staged in shared memory in the swizzled layout
@@ -178,26 +190,40 @@ __global__ void __launch_bounds__(kPrepThreads) attn_fp8_prep_kv_kernel(const Pr
   __shared__ __align__(1024) uint8_t raw_v[kBlockN * kD];  // raw V codes, sw_offset<kWQK> layout
   __shared__ uint16_t vfac[kBlockN][T::kBlocks];          // f16 factors 2^(v_scale - Av)
   __shared__ int refs[16];
-  if (tid < 16) refs[tid] = ref[tid];
+  if (tid < 16) refs[tid] = prep_ref(ref[tid]);
   __syncthreads();
 
   // K' (row-major, coalesced 16-byte chunks) and the raw V rows into shared memory.
+  // All of the thread's loads first (kIters 16-byte chunks of K and of V), then the stores.
+  constexpr int kIters = kBlockN * kChunks / kPrepThreads;
+  static_assert(kBlockN * kChunks % kPrepThreads == 0, "whole chunks per thread");
   uint8_t* kp = p.kp + (int64_t(hk) * p.width + row0) * kD;
-  for (int c = tid; c < kBlockN * kChunks; c += kPrepThreads) {
-    const int j = c / kChunks, ch = c % kChunks;
-    uint4 w = make_uint4(0, 0, 0, 0), x = make_uint4(0, 0, 0, 0);
+  uint4 w[kIters], x[kIters];
+  int ksc[kIters];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int c = tid + i * kPrepThreads, j = c / kChunks, ch = c % kChunks;
+    w[i] = x[i] = make_uint4(0, 0, 0, 0);
+    ksc[i] = 0;
     if (j < valid) {
       const int64_t tok = tok0 + j;
-      w = *reinterpret_cast<const uint4*>(kg + tok * p.k_stride[1] + ch * 16);
-      x = *reinterpret_cast<const uint4*>(vg + tok * p.v_stride[1] + ch * 16);
-      const uint32_t f = f16_factor(ks[tok * p.ks_stride[2] + ch / 2], refs[ch / 2]) * 0x10001u;
-      w.x = rescale_e4m3x4(w.x, f);
-      w.y = rescale_e4m3x4(w.y, f);
-      w.z = rescale_e4m3x4(w.z, f);
-      w.w = rescale_e4m3x4(w.w, f);
+      w[i] = *reinterpret_cast<const uint4*>(kg + tok * p.k_stride[1] + ch * 16);
+      x[i] = *reinterpret_cast<const uint4*>(vg + tok * p.v_stride[1] + ch * 16);
+      ksc[i] = ks[tok * p.ks_stride[2] + ch / 2];
     }
-    *reinterpret_cast<uint4*>(kp + int64_t(j) * kD + ch * 16) = w;
-    *reinterpret_cast<uint4*>(raw_v + sw_offset<T::kWQK>(kBlockN, j, ch * 16)) = x;
+  }
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int c = tid + i * kPrepThreads, j = c / kChunks, ch = c % kChunks;
+    if (j < valid) {
+      const uint32_t f = f16_factor(ksc[i], refs[ch / 2]) * 0x10001u;
+      w[i].x = rescale_e4m3x4(w[i].x, f);
+      w[i].y = rescale_e4m3x4(w[i].y, f);
+      w[i].z = rescale_e4m3x4(w[i].z, f);
+      w[i].w = rescale_e4m3x4(w[i].w, f);
+    }
+    *reinterpret_cast<uint4*>(kp + int64_t(j) * kD + ch * 16) = w[i];
+    *reinterpret_cast<uint4*>(raw_v + sw_offset<T::kWQK>(kBlockN, j, ch * 16)) = x[i];
   }
   for (int i = tid; i < kBlockN * T::kBlocks; i += kPrepThreads) {
     const int j = i / T::kBlocks, blk = i % T::kBlocks;

@@ -27,7 +27,7 @@ template <class T>
 __device__ void load_block_refs(const AttnParams& p, const SeqBounds&, int b, int hk, const AttnSmem<T>& sm) {
   const int tid = threadIdx.x % 128;
   const int heads_kv = int(gridDim.y) / p.heads_per_kv;
-  if (tid < 16) sm.misc()[tid] = p.kv_ref[(int64_t(b) * heads_kv + hk) * 16 + tid];
+  if (tid < 16) sm.misc()[tid] = prep_ref(p.kv_ref[(int64_t(b) * heads_kv + hk) * 16 + tid]);
 }
 
 /// The producer's work for one row block: n_tiles key tiles; g counts the tiles of earlier row

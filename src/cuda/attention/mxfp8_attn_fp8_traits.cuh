@@ -17,6 +17,11 @@
 #define LOWBIT_ATTN_FP8_STAGES 2
 #endif
 
+// Dev builds only: 1 = the consumers' ping-pong schedule (mxfp8_attn_pipeline.cuh), 0 = without.
+#ifndef LOWBIT_ATTN_FP8_PINGPONG
+#define LOWBIT_ATTN_FP8_PINGPONG 0
+#endif
+
 namespace lowbit::cuda::attention::fp8 {
 
 constexpr int kProfile = LOWBIT_ATTN_FP8_PROFILE;
@@ -30,6 +35,7 @@ struct Traits {
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kD == 256 ? 64 : 128;  ///< keys per tile
   static constexpr int kStages = LOWBIT_ATTN_FP8_STAGES;
+  static constexpr bool kPingPong = LOWBIT_ATTN_FP8_PINGPONG != 0;  ///< consumers take turns issuing wgmma
   static constexpr int kBlocks = kD / 32;               ///< scale blocks per row
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegs = 104;

@@ -18,7 +18,14 @@
 #include "cuda/attention/mxfp8_attn_schedule.cuh"
 #include "cuda/common/launch_utils.cuh"
 
+// Dev builds only: 0 = causal row blocks in grid order (A/B of the default, 1).
+#ifndef LOWBIT_ATTN_HEAVY_FIRST
+#define LOWBIT_ATTN_HEAVY_FIRST 1
+#endif
+
 namespace lowbit::cuda::attention {
+
+constexpr bool kCausalHeavyFirst = LOWBIT_ATTN_HEAVY_FIRST != 0;
 
 /// The whole kernel of one path: one producer warpgroup (kScan, then kProduce per row block) and
 /// two consumer warpgroups (kConsume per row block). Grid: (row blocks, query heads, batch).
@@ -33,7 +40,9 @@ __device__ __forceinline__ void attn_fwd_kernel_body(const AttnParams& p) {
   const int b = blockIdx.z, h = blockIdx.y, hk = h / p.heads_per_kv;
   const SeqBounds s = seq_bounds(p, b);
   const int n_blocks = (s.len_q + T::kBlockM - 1) / T::kBlockM;
-  if (int(blockIdx.x) >= n_blocks) return;
+  // Causal: a head's heaviest row blocks (the most key tiles) first, so that the light ones fill the tail.
+  const int first = (kCausalHeavyFirst && p.causal) ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  if (first >= n_blocks) return;
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int st = 0; st < T::kStages; ++st) {
@@ -51,14 +60,14 @@ __device__ __forceinline__ void attn_fwd_kernel_body(const AttnParams& p) {
   uint32_t g = 0;
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    for (int mb = blockIdx.x; mb < n_blocks; mb += gridDim.x) {
+    for (int mb = first; mb < n_blocks; mb += gridDim.x) {
       const int n_tiles = key_tiles<T::kBlockM, T::kBlockN>(p, s, mb * T::kBlockM);
       kProduce(p, s, b, hk, n_tiles, g, sm);
       g += n_tiles;
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
-    for (int mb = blockIdx.x; mb < n_blocks; mb += gridDim.x) {
+    for (int mb = first; mb < n_blocks; mb += gridDim.x) {
       const int n_tiles = key_tiles<T::kBlockM, T::kBlockN>(p, s, mb * T::kBlockM);
       kConsume(p, s, b, h, mb * T::kBlockM, n_tiles, g, wg - 1, sm);
       g += n_tiles;

@@ -1,6 +1,7 @@
 // src/cuda/attention/mxfp8_attn_schedule.cuh: which rows and key tiles a CTA works on. Grid:
-// (row blocks, query heads, batch). A CTA takes row blocks blockIdx.x, blockIdx.x + gridDim.x,
-// ... of its sequence, so a varlen sequence longer than max_seqlen_q is still computed in full.
+// (row blocks, query heads, batch). A CTA takes row blocks f, f + gridDim.x, ... of its sequence
+// (f = blockIdx.x, or gridDim.x - 1 - blockIdx.x for causal calls: heavy blocks first), so a
+// varlen sequence longer than max_seqlen_q is still computed in full.
 #pragma once
 
 #include "cuda/attention/mxfp8_attn_params.cuh"

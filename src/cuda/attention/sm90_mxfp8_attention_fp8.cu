@@ -90,10 +90,14 @@ static cudaError_t launch(const detail::AttnMxfp8Plan& pl, const detail::AttnMxf
                                swizzle_of(T::kWQK));
   if (e == cudaSuccess)
     e = make_ws_tmap(&p.tm_v, q.vt, W, kD, pl.heads_kv, W, W * kD, T::kWV, kD, swizzle_of(T::kWV));
-  if (e == cudaSuccess) {  // every (sequence, KV head) gets its references, also one without keys
-    attn_fp8_prep_refs_kernel<T::kBlocks><<<dim3(unsigned(pl.heads_kv), unsigned(pl.batch)), kPrepThreads, 0, st>>>(q);
+  // every (sequence, KV head) gets its references, also one without keys (-1: read as 127)
+  if (e == cudaSuccess) e = cudaMemsetAsync(q.refs, 0xFF, size_t(pl.batch * pl.heads_kv) * 16 * 4, st);
+  if (e == cudaSuccess && tiles > 0) {
+    const int64_t chunks = (pl.seqlen_k + kRefTokens - 1) / kRefTokens;
+    attn_fp8_prep_refs_kernel<T::kBlocks>
+        <<<dim3(unsigned(chunks), unsigned(pl.heads_kv), unsigned(pl.batch)), kPrepThreads, 0, st>>>(q);
     e = cudaGetLastError();
-    if (e == cudaSuccess && tiles > 0) {
+    if (e == cudaSuccess) {
       attn_fp8_prep_kv_kernel<T>
           <<<dim3(unsigned(tiles), unsigned(pl.heads_kv), unsigned(pl.batch)), kPrepThreads, 0, st>>>(q);
       e = cudaGetLastError();
