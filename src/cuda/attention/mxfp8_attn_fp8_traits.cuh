@@ -22,6 +22,11 @@
 #define LOWBIT_ATTN_FP8_PINGPONG 0
 #endif
 
+// Dev builds only: query-row blocks per CTA (1 in the library).
+#ifndef LOWBIT_ATTN_FP8_ROWS_PER_CTA
+#define LOWBIT_ATTN_FP8_ROWS_PER_CTA 1
+#endif
+
 namespace lowbit::cuda::attention::fp8 {
 
 constexpr int kProfile = LOWBIT_ATTN_FP8_PROFILE;
@@ -36,6 +41,7 @@ struct Traits {
   static constexpr int kBlockN = kD == 256 ? 64 : 128;  ///< keys per tile
   static constexpr int kStages = LOWBIT_ATTN_FP8_STAGES;
   static constexpr bool kPingPong = LOWBIT_ATTN_FP8_PINGPONG != 0;  ///< consumers take turns issuing wgmma
+  static constexpr int kRowsPerCta = LOWBIT_ATTN_FP8_ROWS_PER_CTA;    ///< query-row blocks per CTA (grid.x)
   static constexpr int kBlocks = kD / 32;               ///< scale blocks per row
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegs = 104;

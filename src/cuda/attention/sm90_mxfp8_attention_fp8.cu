@@ -104,8 +104,11 @@ static cudaError_t launch(const detail::AttnMxfp8Plan& pl, const detail::AttnMxf
     }
   }
   if (e == cudaSuccess) {
+    // kRowsPerCta > 1: a CTA takes row blocks x, x + gridDim.x, ... (its producer loads the next
+    // row block's tiles while the consumers finish the last one)
     const int64_t row_blocks = (pl.seqlen_q + T::kBlockM - 1) / T::kBlockM;
-    const dim3 grid(unsigned(row_blocks), unsigned(pl.heads), unsigned(pl.batch));
+    const dim3 grid(unsigned((row_blocks + T::kRowsPerCta - 1) / T::kRowsPerCta), unsigned(pl.heads),
+                    unsigned(pl.batch));
     kKernel<<<grid, T::kThreads, T::kSmemBytes, st>>>(p);
     e = cudaGetLastError();
   }
