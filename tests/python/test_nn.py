@@ -216,6 +216,42 @@ def test_load_quantized_cli_checkpoint(tmp_path, fmt):
     assert set(flat) == set(state)
 
 
+def _cli_checkpoint_model(tmp_path, fmt, device):
+    """A bf16 tiny Llama written by save_pretrained, quantized by the command line, loaded by
+    load_quantized into a fresh bf16 model, then moved to `device`; with its token ids."""
+    from lowbit.cli import main
+    model, cfg = _tiny_llama(seed=2)
+    src_dir, out_dir = tmp_path / "src", tmp_path / "q"
+    model.to(torch.bfloat16).save_pretrained(src_dir, safe_serialization=True)
+    out_dir.mkdir()
+    assert main(["quantize", str(src_dir / "model.safetensors"), str(out_dir / "model.safetensors"), "--format",
+                 fmt, "--exclude", "embed", "--exclude", "lm_head"]) == 0
+    fresh, _ = _tiny_llama(seed=3)
+    fresh = fresh.to(torch.bfloat16)
+    lnn.load_quantized(str(out_dir), fresh)
+    ids = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(4))
+    return fresh.to(device), ids.to(device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_cli_checkpoint_runs_on_the_kernels(tmp_path, fmt):
+    """The whole chain on the GPU: a transformers checkpoint quantized by `lowbit quantize`,
+    loaded by load_quantized into a transformers model, run on lowbit's CUDA kernels; its logits
+    against the same loaded model on the CPU reference (per token, nn_models.TOL)."""
+    from nn_models import TOL
+    gpu, ids = _cli_checkpoint_model(tmp_path, fmt, "cuda")
+    cpu = copy.deepcopy(gpu).cpu()
+    layer = gpu.model.layers[0].mlp.down_proj
+    assert isinstance(layer, CLASSES[fmt]) and layer.packed_weight.is_cuda and layer.packed_weight.numel() > 0
+    with torch.no_grad():
+        y = gpu(ids).logits.double().cpu()
+        r = cpu(ids.cpu()).logits.double()
+    y, r = y.reshape(-1, y.shape[-1]), r.reshape(-1, r.shape[-1])
+    err = (y - r).norm(dim=-1) / r.norm(dim=-1).clamp_min(1e-30)
+    assert bool(torch.isfinite(y).all()) and err.max().item() <= TOL[fmt], f"{fmt}: max per-token error {err.max():.3g}"
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA (skipped without a GPU)
 
