@@ -5,7 +5,7 @@
 #
 #   bash bench/dev/ncu_profile.sh DIR TARGET[:KERNEL_REGEX[:ENV=VALUE]] ...
 # NCU_SKIP / NCU_COUNT (default 1 / 1): matching launches skipped, then profiled.
-# e.g. bash bench/dev/ncu_profile.sh out/ncu attn_fp8:attn_mxfp8_fp8 decode:split_kernel_ws:LOWBIT_DECODE_PIPELINE=ws
+# e.g. bash bench/dev/ncu_profile.sh out/ncu attn_fp8:attn_mxfp8_fp8 decode:split_kernel:LOWBIT_DECODE_K_STAGES=2
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dir=$1; shift

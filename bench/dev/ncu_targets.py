@@ -10,8 +10,7 @@ Targets (the shapes where the design records say a profile is needed):
   moe_fp8        group_gemm_mxfp4_nt_groupwise precision="fp8", gpt-oss-20b gate_up (32 experts,
                  N 5760, K 2880), T 4096 x top-4 uniform routing
   moe_exact      the same on the exact path (prepacked weights)
-  decode         attn_forward_decode_nf4, b8 ctx 32768 h32/8 d128, unpruned (the pipeline is the
-                 launcher's: LOWBIT_DECODE_PIPELINE=split|ws)
+  decode         attn_forward_decode_nf4, b8 ctx 32768 h32/8 d128, unpruned
 """
 import argparse
 

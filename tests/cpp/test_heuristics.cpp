@@ -1,10 +1,9 @@
 // Tile, stage and split-K choices of the grouped GEMM (cuda/moe/heuristics.hpp), the dual GEMM
-// (cuda/gemm/heuristics.hpp) and the fused decode attention's K buffers, split kernel and ring depths
+// (cuda/gemm/heuristics.hpp) and the fused decode attention's K buffers
 // (cuda/attention/decode_heuristics.hpp): known shapes -> the choices the launchers make, and edge cases.
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <string>
 #include <tuple>
 
 #include "cuda/attention/decode_heuristics.hpp"
@@ -198,93 +197,6 @@ TEST(DecodeHeuristics, KBuffersWithoutLosingOccupancy) {
   EXPECT_EQ(pick_k_stages(230 * 1024, 240 * 1024), 0);
   EXPECT_EQ(ctas_per_sm(227 * 1024), 1);
   EXPECT_EQ(ctas_per_sm(227 * 1024 + 1), 0);
-}
-
-TEST(DecodeHeuristics, WsRingDepths) {
-  using lowbit::heuristics::decode::pick_ws_stages;
-  using lowbit::heuristics::decode::WsStages;
-  // SmemWs<128, true>::bytes (nf4_decode_ws.cuh) with 4 scored heads, kHG 4: K stages of 24576
-  // bytes (codes 8192, residuals 16384, unpadded), bf16 V half-tile stages of 16384, 14000 bytes of
-  // the rest (barriers, q, scales, S, P, tables); two CTAs per SM up to 115712 bytes each
-  auto bytes = [](int k, int v) { return size_t(k) * 24576 + size_t(v) * 16384 + 14000; };
-  auto eq = [](WsStages a, int k, int v) { return a.k == k && a.v == v; };
-  EXPECT_TRUE(eq(pick_ws_stages(bytes, 2), 2, 3));  // two CTAs per SM: 2x3 (112304); 2x4, 3x2 do not keep them
-  EXPECT_TRUE(eq(pick_ws_stages(bytes, 1), 4, 4));  // one CTA per SM: the deepest rings
-  EXPECT_TRUE(eq(pick_ws_stages(bytes, 2, {3, 3}), 3, 3));  // forced, fits (one CTA per SM)
-  EXPECT_TRUE(eq(pick_ws_stages(bytes, 2, {4, 8}), 2, 3));  // forced, does not fit (243376): the rule
-  EXPECT_TRUE(eq(pick_ws_stages(bytes, 2, {5, 2}), 2, 3));  // forced outside the range: the rule
-  // FP8 V (8192-byte V stages): 3x3 (112304) is the first of the order that keeps two CTAs per SM
-  auto b8 = [](int k, int v) { return size_t(k) * 24576 + size_t(v) * 8192 + 14000; };
-  EXPECT_TRUE(eq(pick_ws_stages(b8, 2), 3, 3));
-  // FP8 V without residuals (8192-byte K stages): the deepest rings keep two CTAs
-  auto b8n = [](int k, int v) { return size_t(k) * 8192 + size_t(v) * 8192 + 14000; };
-  EXPECT_TRUE(eq(pick_ws_stages(b8n, 2), 4, 4));
-  // D = 256 (49152-byte K stages, 32768-byte V stages, 17072 of the rest): not even 2x2 keeps two
-  // CTAs, and only 2x3, 3x2 and 2x2 fit one: the first of the order that fits
-  auto b256 = [](int k, int v) { return size_t(k) * 49152 + size_t(v) * 32768 + 17072; };
-  EXPECT_TRUE(eq(pick_ws_stages(b256, 2), 2, 3));
-  // nothing fits
-  auto huge = [](int, int) { return size_t(230) * 1024; };
-  EXPECT_TRUE(eq(pick_ws_stages(huge, 2), 0, 0));
-}
-
-TEST(DecodeHeuristics, PipelineVariable) {
-  using lowbit::heuristics::decode::parse_pipeline;
-  using lowbit::heuristics::decode::parse_ws_stages;
-  using lowbit::heuristics::decode::Pipeline;
-  EXPECT_EQ(parse_pipeline(nullptr), Pipeline::kSplit);  // unset: the default
-  EXPECT_EQ(parse_pipeline(""), Pipeline::kSplit);
-  EXPECT_EQ(parse_pipeline("split"), Pipeline::kSplit);
-  EXPECT_EQ(parse_pipeline("ws"), Pipeline::kWs);
-  for (const char* bad : {"WS", "ws ", " ws", "w", "wss", "splitx", "cta", "1", "default"})
-    EXPECT_EQ(parse_pipeline(bad), Pipeline::kInvalid) << bad;
-  auto st = [](const char* e) { const auto s = parse_ws_stages(e); return std::to_string(s.k) + "x" + std::to_string(s.v); };
-  EXPECT_EQ(st(nullptr), "0x0");
-  EXPECT_EQ(st(""), "0x0");
-  EXPECT_EQ(st("2x2"), "2x2");
-  EXPECT_EQ(st("4x8"), "4x8");
-  EXPECT_EQ(st("3x5"), "3x5");
-  for (const char* bad : {"1x2", "5x2", "2x1", "2x9", "2x", "x2", "2*2", "22", "2x2 ", "12x2"})
-    EXPECT_EQ(st(bad), "-1x-1") << bad;
-}
-
-TEST(DecodeHeuristics, PipelineChoice) {
-  using namespace lowbit::heuristics::decode;
-  auto bytes = [](int k, int v) { return size_t(k) * 24576 + size_t(v) * 16384 + 14000; };  // as WsRingDepths
-  auto huge = [](int, int) { return size_t(230) * 1024; };
-  // the default and "split": split_kernel, whatever LOWBIT_DECODE_WS_STAGES holds
-  for (const char* pipe : {static_cast<const char*>(nullptr), "", "split"}) {
-    const PipelineChoice c = choose_pipeline(pipe, "junk", bytes, 2);
-    EXPECT_EQ(c.status, 0);
-    EXPECT_FALSE(c.ws);
-  }
-  // ws: the heuristic's depths, or the forced ones
-  PipelineChoice c = choose_pipeline("ws", nullptr, bytes, 2);
-  EXPECT_EQ(c.status, 0);
-  EXPECT_TRUE(c.ws);
-  EXPECT_EQ(c.stages.k, 2);
-  EXPECT_EQ(c.stages.v, 3);
-  c = choose_pipeline("ws", "3x4", bytes, 2);
-  EXPECT_TRUE(c.ws);
-  EXPECT_EQ(c.stages.k, 3);
-  EXPECT_EQ(c.stages.v, 4);
-  // what cannot be honoured fails the call, naming the variable; nothing else is run instead
-  c = choose_pipeline("Ws", nullptr, bytes, 2);
-  EXPECT_EQ(c.status, kStatusBadPipeline);
-  EXPECT_FALSE(c.ws);
-  c = choose_pipeline("ws", "9x9", bytes, 2);
-  EXPECT_EQ(c.status, kStatusBadWsStages);
-  EXPECT_FALSE(c.ws);
-  c = choose_pipeline("ws", nullptr, huge, 2);
-  EXPECT_EQ(c.status, kStatusWsDoesNotFit);
-  EXPECT_FALSE(c.ws);
-  EXPECT_NE(std::string(status_message(kStatusBadPipeline)).find("LOWBIT_DECODE_PIPELINE"), std::string::npos);
-  EXPECT_NE(std::string(status_message(kStatusBadWsStages)).find("LOWBIT_DECODE_WS_STAGES"), std::string::npos);
-  EXPECT_NE(std::string(status_message(kStatusWsDoesNotFit)).find("LOWBIT_DECODE_PIPELINE=ws"), std::string::npos);
-  EXPECT_EQ(status_message(0), nullptr);
-  EXPECT_EQ(status_message(1), nullptr);  // cudaErrorInvalidValue: CUDA's own message
-  // outside cudaError_t's range
-  EXPECT_GT(kStatusBadPipeline, 10000);
 }
 
 }  // namespace

@@ -37,11 +37,8 @@ struct Params {
   int head_chunks;     ///< ceil(G / kHG)
   int qk_heads;        ///< query heads scored per CTA: G when pruning across several head chunks, else kHG
   int k_stages;        ///< K buffers: 1 (K of tile i + 1 issued once tile i is scored) or 2 (issued
-                       ///< before tile i is scored, a whole iteration ahead); the warp-specialized
-                       ///< pipeline (ws): its K ring's stages, 2 to 4
-  int v_halves;        ///< ws: stages of its V ring, in half tiles (64 tokens), 2 to 8
+                       ///< before tile i is scored, a whole iteration ahead)
   bool prune;
-  bool ws;             ///< the warp-specialized split kernel (nf4_decode_ws.cuh) instead of split_kernel
 };
 
 __device__ __forceinline__ int64_t seq_len(const DecodeNf4Plan& p, const DecodeNf4Ptrs& x, int64_t b) {
@@ -82,21 +79,9 @@ struct Smem {
   }
 };
 
-/// The K stage of the warp-specialized pipeline (nf4_decode_ws.cuh) is not padded: token t's codes
-/// are the D/2 bytes at t * D/2 with their 16-byte granule c at granule c ^ code_swz(t), its
-/// residuals the D bytes at t * D with granule k at k ^ res_swz(t). The XOR keeps the reads of
-/// score_tile as conflict-free as the padded pitches above: the 64-bit code reads of 8 consecutive
-/// tokens (a half warp) and the 128-bit residual reads of 4 consecutive tokens (a quarter warp) fall
-/// on distinct 16-byte bank groups.
-template <int kD> __host__ __device__ constexpr int code_swz(int t) { return (t / (256 / kD)) & (kD / 32 - 1); }
-template <int kD> __host__ __device__ constexpr int res_swz(int t) {
-  return 2 * ((t / (kD >= 128 ? 1 : 128 / kD)) & ((kD >= 128 ? 8 : kD / 16) / 2 - 1));
-}
-
 /// Scores of the tile's tokens for query heads [h_first, h_first + n) of the CTA's list (q_s rows),
-/// into S[h][t] (softmax-scaled, non-finite -> NaN, tokens at or past t_valid -> -inf). kSwz: the
-/// K stage in the unpadded swizzled layout of the warp-specialized pipeline (same values read).
-template <int kD, int kHG, bool kRes, bool kSwz = false>
+/// into S[h][t] (softmax-scaled, non-finite -> NaN, tokens at or past t_valid -> -inf).
+template <int kD, int kHG, bool kRes>
 __device__ __forceinline__ void score_tile(const Params& P, const uint8_t* codes, const uint8_t* resid, const float* q_s,
                                            const float* scale_s, const float* lut, float* S, int h_first, int n,
                                            int t_valid) {
@@ -106,13 +91,12 @@ __device__ __forceinline__ void score_tile(const Params& P, const uint8_t* codes
   float acc[kHG];
 #pragma unroll
   for (int h = 0; h < kHG; ++h) acc[h] = 0.f;
-  const uint8_t* crow = codes + t * (kSwz ? kD / 2 : code_pitch<kD>());
-  const uint8_t* rrow = resid + t * (kSwz ? kD : res_pitch<kD>());
-  const int cs = kSwz ? code_swz<kD>(t) : 0, rs = kSwz ? res_swz<kD>(t) : 0;
+  const uint8_t* crow = codes + t * code_pitch<kD>();
+  const uint8_t* rrow = resid + t * res_pitch<kD>();
 #pragma unroll 1
   for (int i = 0; i < kD / 32; ++i) {
-    const int k = 2 * i + j;  // 16-channel chunk of this lane: half j of the codes' granule i
-    const uint2 cw = *reinterpret_cast<const uint2*>(kSwz ? crow + 16 * (i ^ cs) + 8 * j : crow + 8 * k);
+    const int k = 2 * i + j;  // 16-channel chunk of this lane
+    const uint2 cw = *reinterpret_cast<const uint2*>(crow + 8 * k);
     float kv[16];
     const float4* sc4 = reinterpret_cast<const float4*>(scale_s + 16 * k);
 #pragma unroll
@@ -128,7 +112,7 @@ __device__ __forceinline__ void score_tile(const Params& P, const uint8_t* codes
       }
     }
     if constexpr (kRes) {
-      const uint4 rw = *reinterpret_cast<const uint4*>(kSwz ? rrow + 16 * (k ^ rs) : rrow + 16 * k);
+      const uint4 rw = *reinterpret_cast<const uint4*>(rrow + 16 * k);
       const uint32_t r4[4] = {rw.x, rw.y, rw.z, rw.w};
 #pragma unroll
       for (int u = 0; u < 4; ++u) {

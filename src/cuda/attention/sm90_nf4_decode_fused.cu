@@ -30,7 +30,6 @@
 #include "cuda/attention/launch_decode.hpp"
 #include "cuda/attention/nf4_decode_generic.hpp"
 #include "cuda/attention/nf4_decode_tile.cuh"
-#include "cuda/attention/nf4_decode_ws.cuh"
 #include "cuda/common/device_info.cuh"
 #include "cuda/common/launch_utils.cuh"
 #include "cuda/common/workspace.cuh"
@@ -477,19 +476,15 @@ __global__ void __launch_bounds__(256) merge_kernel(const Params P) {
 template <int kD, int kHG, bool kRes>
 cudaError_t launch(Params P, cudaStream_t st, int device) {
   const DecodeNf4Plan& p = P.p;
-  const bool v8 = p.v_dtype != DType::kBFloat16;
-  // the split kernel of the call's pipeline: split_kernel, or the warp-specialized one
-  auto kern = P.ws ? split_kernel_ws<kD, kHG, kRes> : split_kernel<kD, kHG, kRes>;
-  const int threads = P.ws ? kWsThreads : kThreads;
-  const size_t smem = P.ws ? SmemWs<kD, kRes>::bytes(P.qk_heads, v8, P.k_stages, P.v_halves, kHG)
-                           : Smem<kD, kRes>::bytes(P.qk_heads, v8, P.k_stages);
+  auto kern = split_kernel<kD, kHG, kRes>;
+  const size_t smem = Smem<kD, kRes>::bytes(P.qk_heads, p.v_dtype != DType::kBFloat16, P.k_stages);
   if (smem > size_t(kMaxSmem)) return cudaErrorInvalidValue;  // excluded by the dispatch
-  static std::atomic<uint64_t> opted[2];                      // per kernel
-  if (cudaError_t e = opt_in_smem(kern, kMaxSmem, device, opted[P.ws ? 1 : 0])) return e;  // once, the largest any call needs
+  static std::atomic<uint64_t> opted{0};
+  if (cudaError_t e = opt_in_smem(kern, kMaxSmem, device, opted)) return e;  // once, the largest any call needs
   // splits: at most one wave of CTAs at the kernel's occupancy (no partial second wave), whole
   // tiles, at least one tile each
   int occ = 0;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, threads, smem)) return e;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, kThreads, smem)) return e;
   const int64_t slots = int64_t(sm_count(device)) * (occ > 0 ? occ : 1);
   const int64_t tiles = (p.seqlen + kTile - 1) / kTile;
   const int64_t units = p.batch * p.heads_kv * P.head_chunks;
@@ -517,9 +512,9 @@ cudaError_t launch(Params P, cudaStream_t st, int device) {
     // decision); its other inputs were written before the threshold kernel started
     threshold_kernel<kD><<<dim3(unsigned(p.heads_kv), unsigned(p.batch), 2 * kThrSub), kThreads, 0, st>>>(P);
     e = cudaGetLastError();
-    if (e == cudaSuccess) e = launch_pdl(kern, grid, dim3(threads), smem, st, P);
+    if (e == cudaSuccess) e = launch_pdl(kern, grid, dim3(kThreads), smem, st, P);
   } else {
-    kern<<<grid, threads, smem, st>>>(P);
+    kern<<<grid, kThreads, smem, st>>>(P);
     e = cudaGetLastError();
   }
   if (e == cudaSuccess)
@@ -535,6 +530,7 @@ void head_split(Params& P, int G, int& kHG) {
   P.qk_heads = (P.prune && P.head_chunks > 1) ? G : kHG;
 }
 
+/// Whether the split kernel's shared memory fits for this call.
 /// The split kernel's shared memory for this call with `k_stages` K buffers.
 size_t smem_bytes(const DecodeNf4Plan& p, int qk_heads, int k_stages) {
   const bool v8 = p.v_dtype != DType::kBFloat16, r = p.use_residual;
@@ -551,27 +547,6 @@ int k_stages_for(const DecodeNf4Plan& p, int qk_heads) {
   const char* env = std::getenv("LOWBIT_DECODE_K_STAGES");  // development A/B only
   const int forced = env && (env[0] == '1' || env[0] == '2') && env[1] == 0 ? env[0] - '0' : 0;
   return heuristics::decode::pick_k_stages(smem_bytes(p, qk_heads, 1), smem_bytes(p, qk_heads, 2), forced);
-}
-
-/// The warp-specialized split kernel's shared memory for this call.
-size_t ws_smem_bytes(const DecodeNf4Plan& p, int qk_heads, int ks, int vh, int hg) {
-  const bool v8 = p.v_dtype != DType::kBFloat16, r = p.use_residual;
-  switch (p.head_dim) {
-    case 64: return r ? SmemWs<64, true>::bytes(qk_heads, v8, ks, vh, hg) : SmemWs<64, false>::bytes(qk_heads, v8, ks, vh, hg);
-    case 128: return r ? SmemWs<128, true>::bytes(qk_heads, v8, ks, vh, hg) : SmemWs<128, false>::bytes(qk_heads, v8, ks, vh, hg);
-    case 256: return r ? SmemWs<256, true>::bytes(qk_heads, v8, ks, vh, hg) : SmemWs<256, false>::bytes(qk_heads, v8, ks, vh, hg);
-    default: return ~size_t(0);
-  }
-}
-
-/// The split kernel of this call (decode_heuristics.hpp's choose_pipeline): split_kernel unless
-/// LOWBIT_DECODE_PIPELINE=ws (the development A/B of docs/design/decode_kernel.md; the default
-/// stays split_kernel until it decides), the ws ring depths by the heuristic or
-/// LOWBIT_DECODE_WS_STAGES=KxV (K stages, V half-tile stages). Both read at each call.
-heuristics::decode::PipelineChoice pipeline_for(const DecodeNf4Plan& p, int qk_heads, int hg) {
-  auto bytes = [&](int ks, int vh) { return ws_smem_bytes(p, qk_heads, ks, vh, hg); };
-  return heuristics::decode::choose_pipeline(std::getenv("LOWBIT_DECODE_PIPELINE"), std::getenv("LOWBIT_DECODE_WS_STAGES"),
-                                             bytes, ws_min_blocks(int(p.head_dim), hg));
 }
 
 template <int kD>
@@ -596,9 +571,6 @@ bool aligned16(const void* ptr, int64_t stride_bytes) {
 int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Ptrs& ptrs, void* workspace,
                     int64_t workspace_bytes, void* stream) {
   using namespace decode_fused;
-  // a development variable the launcher cannot honour fails every call, whichever path it takes
-  if (heuristics::decode::parse_pipeline(std::getenv("LOWBIT_DECODE_PIPELINE")) == heuristics::decode::Pipeline::kInvalid)
-    return heuristics::decode::kStatusBadPipeline;
   if (plan.batch == 0 || plan.heads == 0) return cudaSuccess;
   if (plan.batch > 65535 || plan.heads > 65535 || plan.seqlen > (int64_t(1) << 36)) return cudaErrorInvalidConfiguration;
   const int G = int(plan.heads / plan.heads_kv);
@@ -623,13 +595,6 @@ int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Pt
   head_split(P, G, kHG);
   P.k_stages = fused ? k_stages_for(plan, P.qk_heads) : 0;
   if (P.k_stages == 0) return attn_decode_nf4_generic(plan, ptrs, workspace, workspace_bytes, stream);
-  const heuristics::decode::PipelineChoice pipe = pipeline_for(plan, P.qk_heads, kHG);
-  if (pipe.status != 0) return pipe.status;
-  if (pipe.ws) {
-    P.ws = true;
-    P.k_stages = pipe.stages.k;
-    P.v_halves = pipe.stages.v;
-  }
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device)) return e;
   const auto st = static_cast<cudaStream_t>(stream);

@@ -5,7 +5,6 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "cuda/attention/decode_heuristics.hpp"
 #include "cuda/common/device_info.cuh"
 #include "cuda/common/launch.hpp"
 
@@ -48,12 +47,7 @@ int device_sm(int device) {
   return major * 10 + minor;
 }
 
-/// The statuses of the decode attention's launcher beyond cudaError_t's (a development variable
-/// it cannot honour: decode_heuristics.hpp) name the variable; the others are CUDA's.
-const char* error_string(int err) {
-  if (const char* m = heuristics::decode::status_message(err)) return m;
-  return cudaGetErrorString(static_cast<cudaError_t>(err));
-}
+const char* error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
 
 const DeviceInfo& device_info(int device) {
   static DeviceInfo infos[64];

@@ -102,7 +102,6 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int,
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline int atomicAnd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_and(v); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline float __uint_as_float(uint32_t x) { float f; std::memcpy(&f, &x, 4); return f; }
@@ -194,36 +193,8 @@ struct Cta {
   std::atomic<uint32_t> red{0};  ///< __syncthreads_or
   std::atomic<Sm90Cta*> sm90{nullptr};  ///< created on first use (emu_sm90.hpp)
   void (*sm90_finish)(Cta&) = nullptr;  ///< end-of-CTA checks and cleanup of sm90
-  /// named barriers (bar.sync id, n): created by their first use, with that use's thread count
-  struct Named {
-    std::unique_ptr<std::barrier<>> bar;
-    uint32_t n = 0;
-  };
-  std::map<uint32_t, Named> named;
 };
 inline thread_local Cta* cta = nullptr;
-
-/// bar.sync id, n (PTX ISA "bar.sync"): the n threads that reach barrier id wait for each other.
-/// Checked: id in 1..15 (0 is __syncthreads's), n a multiple of 32 within the block, the same n at
-/// every use of the barrier in the CTA.
-inline void named_barrier_sync(uint32_t id, uint32_t n) {
-  if (id == 0 || id > 15) fail("bar.sync: barrier id outside 1..15");
-  if (n == 0 || n % 32 != 0 || n > blockDim.x) fail("bar.sync: thread count not a multiple of 32 within the block");
-  std::barrier<>* b = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(cta->mu);
-    Cta::Named& e = cta->named[id];
-    if (!e.bar) {
-      e.bar = std::make_unique<std::barrier<>>(std::ptrdiff_t(n));
-      e.n = n;
-    } else if (e.n != n) {
-      fail("bar.sync: barrier " + std::to_string(id) + " used with " + std::to_string(n) + " and " +
-           std::to_string(e.n) + " threads");
-    }
-    b = e.bar.get();
-  }
-  b->arrive_and_wait();
-}
 
 /// Offset in the window of the static shared variable keyed by `key` (allocated on first use).
 inline uint32_t static_alloc(const void* key, size_t bytes, size_t align) {

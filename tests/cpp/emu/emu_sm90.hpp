@@ -13,9 +13,7 @@
 //    arrive decrements the pending count; expect_tx adds to the tx-count, complete_tx (a TMA's
 //    bytes) subtracts; the phase completes when both are zero, then the pending count is reset to
 //    the expected count. try_wait.parity(p) is true when the phase of parity p has completed, i.e.
-//    when the current phase's parity differs from p. With copies landing at the wait
-//    (emu::cp_async_mode kDeferred), the copies a barrier counts land when a thread waits for the
-//    phase in progress, not when it waits for one that has already completed. Checked: initialisation before use, the
+//    when the current phase's parity differs from p. Checked: initialisation before use, the
 //    barrier's 8 bytes not overwritten since init, no arrival on a phase with no pending arrival,
 //    the tx-count within +-(2^20 - 1). A wait blocks (condition variable); one that sees no progress
 //    for 60 s reports a deadlock.
@@ -328,19 +326,11 @@ inline void push_record(Sm90Cta& s, AsyncRecord&& r) {
   }
 }
 
-/// Whether the phase of parity `parity` of barrier a has completed. Deferred mode: the copies in
-/// flight that a counts land only when the waited phase is the one in progress (they complete that
-/// phase); a wait on a phase that has already completed covers none of them, so it lands nothing
-/// (a wait with the wrong parity reads the stage's stale bytes).
-inline bool mbar_phase_done(Sm90Cta& s, uint32_t a, uint32_t parity) {
-  if ((mbar_get(s, a, "mbarrier.try_wait").completed & 1) != (parity & 1)) return true;
-  land_for(s, a);
-  return (mbar_get(s, a, "mbarrier.try_wait").completed & 1) != (parity & 1);
-}
 inline bool mbar_try_wait(uint32_t a, uint32_t parity) {
   Sm90Cta& s = s90();
   std::unique_lock<std::mutex> lock(s.mu);
-  const bool done = mbar_phase_done(s, a, parity);
+  land_for(s, a);
+  const bool done = (mbar_get(s, a, "mbarrier.try_wait").completed & 1) != (parity & 1);
   lock.unlock();
   if (!done) std::this_thread::yield();
   return done;
@@ -350,8 +340,9 @@ inline void mbar_wait(uint32_t a, uint32_t parity) {
   std::unique_lock<std::mutex> lock(s.mu);
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
-    if (mbar_phase_done(s, a, parity)) return;
+    land_for(s, a);
     const MBar& b = mbar_get(s, a, "mbarrier.try_wait");
+    if ((b.completed & 1) != (parity & 1)) return;
     s.cv.wait_for(lock, std::chrono::milliseconds(20));
     if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60))
       fail("mbarrier wait for parity " + std::to_string(parity) + " at shared address " + std::to_string(a) +

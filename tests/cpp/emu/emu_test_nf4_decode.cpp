@@ -4,30 +4,8 @@
 // reference. This checks the kernels' indexing, tiling, pipelining of the K / V tiles, pruning
 // decisions and split merge on machines without a GPU (CTAs one after the other, the warp
 // operations emulated, cp.async landing at issue and, in a second run, at the
-// wait that covers it: tests/cpp/emu/cuda/common/cp_async.cuh, and for the mbarriers of the
-// warp-specialized split kernel tests/cpp/emu/emu_sm90.hpp). Both split kernels run every case:
-// split_kernel (LOWBIT_DECODE_PIPELINE=split) with one and two K buffers, and the
-// warp-specialized split_kernel_ws (nf4_decode_ws.cuh; LOWBIT_DECODE_PIPELINE=ws) with the ring
-// depths of the heuristic and forced ones; all of them must give the same bits (the same
-// arithmetic in the same order; the emulation's occupancy is fixed, so the split count is the same
-// for both kernels). tests/python/test_decode_attention_gpu.py remains the test of the kernels on
-// the device.
-//
-// What the emulation of the warp-specialized kernel can and cannot catch. Within a CTA every CUDA
-// thread is a std::thread (tests/cpp/emu/cuda_runtime.h), so the producer warp and the 8 consumer
-// warps do run concurrently, under the OS scheduler: the mbarrier waits block for real, named
-// barriers and __syncthreads are std::barriers, and a wait that never completes (a wrong arrival
-// count or parity, a missing arrival) fails the test as a deadlock after 60 s. It catches:
-//   * a read of a K / V stage before the wait that covers its copies, or a wait with the wrong
-//     parity (copies landing at the wait: the stage still holds the previous tile's or 0xCD bytes);
-//   * arrival counts and parities that do not match (deadlock, or an arrival on a completed phase);
-//   * wrong ring indexing, swizzles, keep decisions or skipped-block counts (results and bits).
-// It cannot reliably catch data races, since it has no adversarial scheduling and no race
-// detector: a stage overwritten before every consumer has released it (copies landing at issue
-// show it only if the producer happens to run ahead of a reader), a missing barrier between
-// shared-memory writes and reads of different warps (the threads usually run in a benign order),
-// or missing memory ordering (the host's locks order more than the GPU's memory model). Timing,
-// occupancy and register limits are not emulated either.
+// wait that covers it: tests/cpp/emu/cuda/common/cp_async.cuh); tests/python/test_decode_attention_gpu.py
+// remains the test of the kernels on the device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -42,7 +20,6 @@
 #include <vector>
 
 #include "core/plan_decode.hpp"
-#include "cuda/attention/decode_heuristics.hpp"
 #include "lowbit/codecs.hpp"
 #include "ref/ref_decode_attention.hpp"
 #include "cuda/common/cp_async.cuh"
@@ -55,54 +32,6 @@ int attn_decode_nf4(const detail::DecodeNf4Plan& plan, const detail::DecodeNf4Pt
 using namespace lowbit;
 
 namespace {
-
-/// One run of the fused path: the split kernel (pipeline "split": split_kernel with `stages` K
-/// buffers; "ws": split_kernel_ws, `stages` "KxV" ring depths or "" for the heuristic's) and where
-/// the copies land.
-struct FusedRun {
-  const char* pipeline;
-  const char* stages;
-  emu::CpAsyncMode mode;
-};
-
-std::string run_name(const FusedRun& r) {
-  return std::string(r.pipeline) + (r.stages[0] ? std::string(" ") + r.stages : std::string()) +
-         (r.mode == emu::CpAsyncMode::kImmediate ? ", copies landing at issue" : ", copies landing at the wait");
-}
-
-/// Runs the emulated fused path as `r` says; returns its status. Fails the test when the call did not
-/// launch the split kernel of that pipeline (256 threads for split_kernel, 288 for split_kernel_ws).
-int run_fused(const detail::DecodeNf4Plan& p, const detail::DecodeNf4Ptrs& x, const FusedRun& r) {
-  const bool ws = std::string(r.pipeline) == "ws";
-  setenv("LOWBIT_DECODE_PIPELINE", r.pipeline, 1);
-  if (ws) {
-    if (r.stages[0]) setenv("LOWBIT_DECODE_WS_STAGES", r.stages, 1);
-  } else {
-    setenv("LOWBIT_DECODE_K_STAGES", r.stages, 1);
-  }
-  emu::cp_async_mode = r.mode;
-  emu::launch_log.clear();
-  const int rc = cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr);
-  emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
-  unsetenv("LOWBIT_DECODE_PIPELINE");
-  unsetenv("LOWBIT_DECODE_WS_STAGES");
-  unsetenv("LOWBIT_DECODE_K_STAGES");
-  bool split = false;
-  for (const emu::LaunchRecord& l : emu::launch_log) split = split || l.block.x == (ws ? 288u : 256u);
-  EXPECT_TRUE(split) << "the " << r.pipeline << " split kernel did not run";
-  return rc;
-}
-
-/// The runs of one case: split_kernel with one and two K buffers, split_kernel_ws with the
-/// heuristic's depths and with forced ones (`variant` picks them), each landing mode.
-std::vector<FusedRun> fused_runs(int variant) {
-  static const char* const forced[] = {"2x2", "3x3", "4x4", "3x2", "4x3", "2x4", "2x3", "4x2"};
-  const char* f = forced[variant % 8];
-  using M = emu::CpAsyncMode;
-  return {{"split", "1", M::kImmediate}, {"split", "1", M::kDeferred}, {"split", "2", M::kImmediate},
-          {"split", "2", M::kDeferred},   {"ws", "", M::kImmediate},        {"ws", "", M::kDeferred},
-          {"ws", f, M::kDeferred}};
-}
 
 struct DecodeCase {
   int64_t b, t, hq, hkv, d, block;
@@ -202,22 +131,19 @@ TEST_P(EmuDecode, MatchesCpuReference) {
   x.skip_ratio = sr_ref.data();
   ref::attn_decode_nf4(p, x);
   double skipped = 0;
-  std::vector<uint16_t> out_first;
-  std::vector<float> sr_first;
-  for (const FusedRun& r : fused_runs(int(B + T + H + D + s.block))) {
-    SCOPED_TRACE(run_name(r));
+  for (const char* stages : {"1", "2"})  // the K buffers of the split kernel (decode_heuristics.hpp)
+  for (const emu::CpAsyncMode mode : {emu::CpAsyncMode::kImmediate, emu::CpAsyncMode::kDeferred}) {
+    SCOPED_TRACE(std::string(mode == emu::CpAsyncMode::kImmediate ? "cp.async landing at issue" : "cp.async landing at wait") +
+                 ", K buffers " + stages);
+    setenv("LOWBIT_DECODE_K_STAGES", stages, 1);
+    emu::cp_async_mode = mode;
     std::fill(out_emu.begin(), out_emu.end(), uint16_t(0xFFFF));
     std::fill(sr_emu.begin(), sr_emu.end(), -1.f);
     x.out = out_emu.data();
     x.skip_ratio = sr_emu.data();
-    ASSERT_EQ(run_fused(p, x, r), 0) << "the call must take the fused path";
-    if (out_first.empty()) {
-      out_first = out_emu;
-      sr_first = sr_emu;
-    } else {  // every pipeline, every landing mode: the first run's bits
-      ASSERT_EQ(out_emu, out_first) << "out differs from " << run_name(fused_runs(0)[0]);
-      ASSERT_EQ(sr_emu, sr_first) << "skip ratio differs";
-    }
+    ASSERT_EQ(cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr), 0) << "the call must take the fused path";
+    emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
+    unsetenv("LOWBIT_DECODE_K_STAGES");
     double worst = 0;
     for (size_t i = 0; i < out_ref.size(); ++i) {
       const double a = decode_bf16(out_emu[i]), r = decode_bf16(out_ref[i]);
@@ -331,19 +257,18 @@ TEST(EmuDecodePaged, MatchesDenseReferenceAndKernels) {
       ref::attn_decode_nf4(p, x);
       ASSERT_EQ(o_paged, o_dense) << "the reference over the pages";
       ASSERT_EQ(sr_paged, sr_dense);
-      // split_kernel: one K buffer with copies landing at issue, two with copies landing at the
-      // wait; split_kernel_ws: both landing modes; all with the same bits
-      std::vector<uint16_t> o_first;
-      using M = emu::CpAsyncMode;
-      for (const FusedRun& r : {FusedRun{"split", "1", M::kImmediate}, FusedRun{"split", "2", M::kDeferred},
-                                FusedRun{"ws", "", M::kImmediate}, FusedRun{"ws", page == 16 ? "3x3" : "", M::kDeferred}}) {
-        SCOPED_TRACE(run_name(r));
+      // one K buffer with copies landing at issue, two with copies landing at the wait
+      for (const auto& [stages, mode] :
+           {std::pair{"1", emu::CpAsyncMode::kImmediate}, std::pair{"2", emu::CpAsyncMode::kDeferred}}) {
+        SCOPED_TRACE(std::string("K buffers ") + stages);
+        setenv("LOWBIT_DECODE_K_STAGES", stages, 1);
+        emu::cp_async_mode = mode;
         std::fill(o_emu.begin(), o_emu.end(), uint16_t(0xFFFF));
         x.out = o_emu.data();
         x.skip_ratio = sr_emu.data();
-        ASSERT_EQ(run_fused(p, x, r), 0);
-        if (o_first.empty()) o_first = o_emu;
-        ASSERT_EQ(o_emu, o_first) << "out differs between the split kernels";
+        ASSERT_EQ(cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr), 0);
+        emu::cp_async_mode = emu::CpAsyncMode::kImmediate;
+        unsetenv("LOWBIT_DECODE_K_STAGES");
         double worst = 0;
         for (size_t i = 0; i < o_emu.size(); ++i)
           worst = std::max(worst, std::fabs(double(decode_bf16(o_emu[i])) - double(decode_bf16(o_dense[i]))));
@@ -352,24 +277,6 @@ TEST(EmuDecodePaged, MatchesDenseReferenceAndKernels) {
           EXPECT_LE(std::fabs(sr_emu[i] - sr_dense[i]) * double((lens[i / size_t(HK)] + 31) / 32), 2.0);
       }
     }
-}
-
-// An invalid LOWBIT_DECODE_PIPELINE fails every call with the status that names it (even one that
-// launches nothing), rather than running either kernel.
-TEST(EmuDecodePipeline, InvalidVariableFailsTheCall) {
-  detail::DecodeNf4Plan p;  // batch 0: nothing to launch
-  detail::DecodeNf4Ptrs x;
-  for (const char* bad : {"WS", "cta", "split "}) {
-    setenv("LOWBIT_DECODE_PIPELINE", bad, 1);
-    emu::launch_log.clear();
-    EXPECT_EQ(cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr), heuristics::decode::kStatusBadPipeline) << bad;
-    EXPECT_TRUE(emu::launch_log.empty());
-  }
-  for (const char* ok : {"split", "ws", ""}) {
-    setenv("LOWBIT_DECODE_PIPELINE", ok, 1);
-    EXPECT_EQ(cuda_emu::attn_decode_nf4(p, x, nullptr, 0, nullptr), 0) << ok;
-  }
-  unsetenv("LOWBIT_DECODE_PIPELINE");
 }
 
 // fused-path calls: D == Dv, contiguous rows, pruning blocks dividing the tile
