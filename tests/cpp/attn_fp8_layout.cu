@@ -215,6 +215,34 @@ static void check_producer_tile(std::mt19937& rng) {
   CHECK(rd_max <= 2 * (32 * kVC / 128), "d%d: bank conflicts beyond 2x\n", kD);
 }
 
+/// The pre-pass's workspace rows (prep_token_offset, prep_width): for ragged batches (fixed length
+/// and varlen, empty sequences too) every sequence's rows up to its zero-padded last tile lie
+/// inside [0, W), start 16-byte aligned and overlap no other sequence's.
+static void check_prep_rows(std::mt19937& rng) {
+  for (int block_n : {64, 128})
+    for (int trial = 0; trial < 200; ++trial) {
+      const int batch = 1 + int(rng() % 9);
+      const bool varlen = trial % 2;
+      std::vector<int64_t> len(batch), start(batch + 1, 0);
+      const int64_t fixed = 1 + int64_t(rng() % 700);
+      for (int b = 0; b < batch; ++b) {
+        len[b] = varlen ? int64_t(rng() % 4 == 0 ? 0 : rng() % 700) : fixed;
+        start[b + 1] = start[b] + len[b];
+      }
+      const int64_t W = fp8::prep_width(start[batch], batch, block_n);
+      CHECK(W % 16 == 0, "W %% 16\n");
+      int64_t prev_end = 0;
+      for (int b = 0; b < batch; ++b) {
+        const int64_t row0 = fp8::prep_token_offset(start[b], b, block_n);
+        const int64_t end = row0 + (len[b] + block_n - 1) / block_n * block_n;  // the zero-padded last tile
+        CHECK(row0 % 16 == 0, "block_n %d b %d: row0 %lld not 16-aligned\n", block_n, b, (long long)row0);
+        CHECK(row0 >= prev_end, "block_n %d b %d: rows overlap the previous sequence\n", block_n, b);
+        CHECK(end <= W, "block_n %d b %d: rows past W\n", block_n, b);
+        prev_end = end;
+      }
+    }
+}
+
 int main() {
   check_fragments<128>();
   check_fragments<64>();
@@ -224,6 +252,7 @@ int main() {
   check_producer_tile<64>(rng);
   check_producer_tile<128>(rng);
   check_producer_tile<256>(rng);
+  check_prep_rows(rng);
   if (g_fail) {
     std::printf("attn fp8 layout: %d failures\n", g_fail);
     return 1;
