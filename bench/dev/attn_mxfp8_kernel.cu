@@ -13,7 +13,7 @@
 // Where the FP8 path's time goes: the same build with -DLOWBIT_ATTN_FP8_PROFILE=2 (loads and
 // handshakes alone: the consumers skip their products), run with `quick` (timings only; outputs are
 // meaningless in that build); -DLOWBIT_ATTN_FP8_STAGES=N sets the depth of its K' / V'^T rings,
-// -DLOWBIT_ATTN_FP8_PINGPONG=1 the consumers' ping-pong, -DLOWBIT_ATTN_FP8_ROWS_PER_CTA=N the row blocks
+// -DLOWBIT_ATTN_FP8_ROWS_PER_CTA=N the row blocks
 // per CTA, -DLOWBIT_ATTN_HEAVY_FIRST=0 the causal grid order (docs/design/mxfp8_attention.md, "Variants").
 // The random cases move the scale bytes as the library's tests do (per 32-channel block +e on Q and
 // -e on K, +-2 per Q row, per block e' and +-2 per row on V; |e|, |e'| <= spread).

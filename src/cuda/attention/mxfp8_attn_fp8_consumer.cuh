@@ -242,8 +242,7 @@ __device__ void consume_row_block(const AttnParams& p, const SeqBounds& s, int b
     return;
   }
   // The key tiles (mxfp8_attn_pipeline.cuh: S(t) and PV(t-1) issued together).
-  run_key_tiles<T::kStages, kS, kO, T::kPingPong>(n_tiles, g, sm, o, issue_qk, issue_pv, release, softmax, pack_p,
-                                                 rescale_o, wgc);
+  run_key_tiles<T::kStages, kS>(n_tiles, g, sm, o, issue_qk, issue_pv, release, softmax, pack_p, rescale_o);
 
   // Epilogue: out = O 2^(Av[b] - 127) / l per 32-channel block b (V'^T = v * 2^(v_scale - Av[b])).
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

@@ -17,11 +17,6 @@
 #define LOWBIT_ATTN_FP8_STAGES 2
 #endif
 
-// Dev builds only: 1 = the consumers' ping-pong schedule (mxfp8_attn_pipeline.cuh), 0 = without.
-#ifndef LOWBIT_ATTN_FP8_PINGPONG
-#define LOWBIT_ATTN_FP8_PINGPONG 0
-#endif
-
 // Dev builds only: query-row blocks per CTA (1 in the library).
 #ifndef LOWBIT_ATTN_FP8_ROWS_PER_CTA
 #define LOWBIT_ATTN_FP8_ROWS_PER_CTA 1
@@ -40,7 +35,6 @@ struct Traits {
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kD == 256 ? 64 : 128;  ///< keys per tile
   static constexpr int kStages = LOWBIT_ATTN_FP8_STAGES;
-  static constexpr bool kPingPong = LOWBIT_ATTN_FP8_PINGPONG != 0;  ///< consumers take turns issuing wgmma
   static constexpr int kRowsPerCta = LOWBIT_ATTN_FP8_ROWS_PER_CTA;    ///< query-row blocks per CTA (grid.x)
   static constexpr int kBlocks = kD / 32;               ///< scale blocks per row
   static constexpr int kThreads = 384;

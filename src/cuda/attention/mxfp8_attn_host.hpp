@@ -34,13 +34,11 @@ inline cudaError_t make_kv_tmap(CUtensorMap* m, const void* base, const detail::
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-/// The one function from the validated plan to the kernel's parameters; the K / V tensor maps
-/// read boxes of box_d bytes x block_n tokens with `swizzle`.
-inline cudaError_t make_attn_params(const detail::AttnMxfp8Plan& pl, const detail::AttnMxfp8Ptrs& ptr, int box_d,
-                                    int block_n, CUtensorMapSwizzle swizzle, AttnParams* out) {
+/// The one function from the validated plan to the kernel's parameters, all but the K / V tensor
+/// maps (the exact path maps k and v themselves: the overload below; the FP8 path its pre-pass's
+/// workspace: sm90_mxfp8_attention_fp8.cu).
+inline void make_attn_params(const detail::AttnMxfp8Plan& pl, const detail::AttnMxfp8Ptrs& ptr, AttnParams* out) {
   AttnParams& p = *out;
-  if (cudaError_t e = make_kv_tmap(&p.tm_k, ptr.k, pl, pl.k_stride, box_d, block_n, swizzle)) return e;
-  if (cudaError_t e = make_kv_tmap(&p.tm_v, ptr.v, pl, pl.v_stride, box_d, block_n, swizzle)) return e;
   p.q = ptr.q;
   p.q_scale = ptr.q_scale;
   p.k_scale = ptr.k_scale;
@@ -63,6 +61,15 @@ inline cudaError_t make_attn_params(const detail::AttnMxfp8Plan& pl, const detai
   p.causal = pl.causal ? 1 : 0;
   p.varlen = pl.varlen ? 1 : 0;
   p.scale_log2 = float(double(pl.softmax_scale) * 1.4426950408889634);
+}
+
+/// The same with tensor maps of k and v that read boxes of box_d bytes x block_n tokens with
+/// `swizzle`.
+inline cudaError_t make_attn_params(const detail::AttnMxfp8Plan& pl, const detail::AttnMxfp8Ptrs& ptr, int box_d,
+                                    int block_n, CUtensorMapSwizzle swizzle, AttnParams* out) {
+  if (cudaError_t e = make_kv_tmap(&out->tm_k, ptr.k, pl, pl.k_stride, box_d, block_n, swizzle)) return e;
+  if (cudaError_t e = make_kv_tmap(&out->tm_v, ptr.v, pl, pl.v_stride, box_d, block_n, swizzle)) return e;
+  make_attn_params(pl, ptr, out);
   return cudaSuccess;
 }
 

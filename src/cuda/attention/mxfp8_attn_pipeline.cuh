@@ -35,38 +35,19 @@ __device__ __forceinline__ void fence_acc(float (&d)[kN]) {
 /// the PV product. K'(t) goes back to the producer as soon as S(t) is ready, V'(t-1) after its
 /// product. (No conditional wgmma inside the loop: ptxas serializes wgmma groups it cannot match to
 /// their waits.) g: the CTA's pipeline iterations before this row block.
-///
-/// kPingPong (FlashAttention-3's inter-warpgroup schedule): the two consumer warpgroups (wgc 0, 1)
-/// take turns issuing their wgmma of a tile through two named barriers (kSchedBarrier + wgc), so
-/// the tensor cores run one warpgroup's products while the other does its softmax. Per row block:
-/// warpgroup 1 lets warpgroup 0 go first, and warpgroup 0 takes warpgroup 1's last turn back at
-/// the end (every arrival consumed).
-constexpr int kSchedBarrier = 4;  ///< named barriers 4 and 5 (1: producer, 2 and 3: the consumers' Q')
-
-template <int kStages, int kS, int kO, bool kPingPong = false, class Smem, class IssueQk, class IssuePv, class Release,
-          class Softmax, class PackP, class RescaleO>
+template <int kStages, int kS, int kO, class Smem, class IssueQk, class IssuePv, class Release, class Softmax,
+          class PackP, class RescaleO>
 __device__ __forceinline__ void run_key_tiles(int n_tiles, uint32_t g, const Smem& sm, float (&o)[kO],
                                               IssueQk&& issue_qk, IssuePv&& issue_pv, Release&& release,
-                                              Softmax&& softmax, PackP&& pack_p, RescaleO&& rescale_o, int wgc = 0) {
+                                              Softmax&& softmax, PackP&& pack_p, RescaleO&& rescale_o) {
   auto phase = [&](uint32_t gt) { return (gt / kStages) & 1; };
-  auto turn_wait = [&] {
-    if constexpr (kPingPong) cutlass::arch::NamedBarrier::sync(256, kSchedBarrier + wgc);
-  };
-  auto turn_pass = [&] {
-    if constexpr (kPingPong) cutlass::arch::NamedBarrier::arrive(256, kSchedBarrier + (1 - wgc));
-  };
-  if constexpr (kPingPong) {
-    if (wgc == 1) cutlass::arch::NamedBarrier::arrive(256, kSchedBarrier);
-  }
   int prev_st = 0;
   uint32_t prev_gt = g;
   if (n_tiles > 0) {
     prev_st = g % kStages;
     cutlass::arch::ClusterBarrier::wait(sm.k_full(prev_st), phase(g));
     float sacc[kS];
-    turn_wait();
     issue_qk(sacc, prev_st);
-    turn_pass();
     cute::warpgroup_wait<0>();
     fence_acc(sacc);
     release(sm.k_empty(prev_st));
@@ -79,12 +60,9 @@ __device__ __forceinline__ void run_key_tiles(int n_tiles, uint32_t g, const Sme
     const int st = gt % kStages;
     cutlass::arch::ClusterBarrier::wait(sm.k_full(st), phase(gt));
     float sacc[kS];
-    turn_wait();
     issue_qk(sacc, st);
-    // V'(t-1) was issued before K'(t), so this wait inside the turn always ends
     cutlass::arch::ClusterBarrier::wait(sm.v_full(prev_st), phase(prev_gt));
     issue_pv(prev_st);
-    turn_pass();
     cute::warpgroup_wait<1>();  // S(t) is ready; PV(t-1) may still run
     fence_acc(sacc);
     release(sm.k_empty(st));
@@ -104,9 +82,6 @@ __device__ __forceinline__ void run_key_tiles(int n_tiles, uint32_t g, const Sme
     cute::warpgroup_wait<0>();
     fence_acc(o);
     release(sm.v_empty(prev_st));
-  }
-  if constexpr (kPingPong) {
-    if (wgc == 0) cutlass::arch::NamedBarrier::sync(256, kSchedBarrier);
   }
 }
 

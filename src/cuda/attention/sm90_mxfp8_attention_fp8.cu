@@ -49,7 +49,7 @@ static cudaError_t launch(const detail::AttnMxfp8Plan& pl, const detail::AttnMxf
   using T = Traits<kD>;
   constexpr auto kKernel = attn_mxfp8_fp8_fwd_kernel<kD>;
   AttnParams p;
-  if (cudaError_t e = make_attn_params(pl, ptr, T::kWQK, T::kBlockN, swizzle_of(T::kWQK), &p)) return e;
+  make_attn_params(pl, ptr, &p);  // tm_k / tm_v: the workspace's K' and V'^T, below
   const int64_t total_k = pl.varlen ? pl.total_k : pl.batch * pl.seqlen_k;
   const int64_t W = prep_width(total_k, pl.batch, T::kBlockN);
   if (W > int64_t(0x7FFFFFFF) - T::kBlockN) return cudaErrorInvalidValue;  // TMA coordinates are int32
