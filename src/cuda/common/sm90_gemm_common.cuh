@@ -140,7 +140,9 @@ __device__ __forceinline__ void mbar_cp_async_arrive(uint32_t bar) {
 // interleaved). Measured on an H100 80GB HBM3 (gpt-oss-20b gate_up, median of 30, cutlass / local):
 // T = 1: 0.963, T = 64: 1.010, T = 4096 warp-specialized: 1.013; outputs identical. CUTLASS's is
 // not slower beyond 1.3 % anywhere and 3.7 % faster at decode: DefaultPrims is CutlassPrims.
-// LocalPrims stays only as the A/B's other arm.
+// LocalPrims stays only as the A/B's other arm. On an H200 (bench/dev/ab_kernels.py, two builds
+// timed in alternating processes) LocalPrims measured 0.4-1.1 % faster at T = 16 and 256: at
+// the edge of the run-to-run spread (up to 1 %), and T = 1 was not in that run: the default stays.
 // NOTE: the dual GEMM (dual_mainloop.cuh) and the grouped GEMM's cp.async mainloop
 // (group_mainloop.cuh) use neither primitive (cp.async pipelines with CTA barriers): no policy.
 
