@@ -107,10 +107,9 @@ def _checksum(torch, o) -> str:
         return "-"
     if isinstance(o, (tuple, list)):
         return "|".join(_checksum(torch, t) for t in o)
-    for attr in ("data", "codes"):
-        if hasattr(o, attr) and not torch.is_tensor(o):
-            parts = [getattr(o, a) for a in ("data", "scales", "zeros", "global_amax") if torch.is_tensor(getattr(o, a, None))]
-            return "|".join(_checksum(torch, t) for t in parts)
+    if not torch.is_tensor(o) and hasattr(o, "data"):  # a lowbit.Quantized: its tensors
+        parts = [getattr(o, a) for a in ("data", "scales", "zeros", "global_amax") if torch.is_tensor(getattr(o, a, None))]
+        return "|".join(_checksum(torch, t) for t in parts)
     if not torch.is_tensor(o):
         return type(o).__name__
     b = o.detach().contiguous().reshape(-1).view(torch.uint8).to(torch.int64)
