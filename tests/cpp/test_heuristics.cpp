@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "cuda/attention/decode_heuristics.hpp"
 #include "cuda/gemm/heuristics.hpp"
@@ -151,13 +152,15 @@ std::tuple<int, int, int> dual(int64_t M, int64_t N, int64_t K, int64_t L, int s
 }
 
 TEST(DualHeuristics, TileAndSplitK) {
-  // (tokens per CTA, splits, K tiles per split)
-  EXPECT_EQ(dual(1, 4096, 4096, 1), std::make_tuple(16, 5, 13));
-  EXPECT_EQ(dual(16, 4096, 4096, 1), std::make_tuple(16, 5, 13));
-  EXPECT_EQ(dual(17, 4096, 4096, 1), std::make_tuple(32, 5, 13));
-  EXPECT_EQ(dual(64, 4096, 4096, 1), std::make_tuple(64, 5, 13));
-  EXPECT_EQ(dual(33, 128, 1024, 2), std::make_tuple(64, 4, 4));
-  EXPECT_EQ(dual(1, 8192, 8192, 1), std::make_tuple(16, 3, 43));
+  // (tokens per CTA, splits, K tiles per split): the argmin of dual_launch_cost
+  EXPECT_EQ(dual(1, 4096, 4096, 1), std::make_tuple(16, 4, 16));
+  EXPECT_EQ(dual(16, 4096, 4096, 1), std::make_tuple(16, 4, 16));
+  EXPECT_EQ(dual(17, 4096, 4096, 1), std::make_tuple(32, 4, 16));
+  EXPECT_EQ(dual(64, 4096, 4096, 1), std::make_tuple(64, 4, 16));
+  EXPECT_EQ(dual(33, 128, 1024, 2), std::make_tuple(16, 4, 4));
+  EXPECT_EQ(dual(1, 8192, 8192, 1), std::make_tuple(16, 2, 64));
+  EXPECT_EQ(dual(256, 2048, 4096, 1), std::make_tuple(128, 4, 16));  // the linear 256 x 4096 x 4096
+  EXPECT_EQ(dual(256, 4096, 7168, 1), std::make_tuple(128, 2, 56));  // fewer splits than 2 CTAs per SM
   EXPECT_EQ(dual(128, 4096, 4096, 4), std::make_tuple(128, 1, 64));  // enough tiles: no split
   EXPECT_EQ(dual(4096, 4096, 4096, 1), std::make_tuple(128, 1, 64));
   // tiny K: at least 4 K tiles per split
@@ -165,6 +168,53 @@ TEST(DualHeuristics, TileAndSplitK) {
   EXPECT_EQ(dual(1, 64, 256, 1), std::make_tuple(16, 1, 4));
   // no tokens: no tiles, no split
   EXPECT_EQ(std::get<1>(dual(0, 4096, 4096, 1)), 1);
+}
+
+TEST(DualHeuristics, EveryChoiceCoversKOnce) {
+  for (int64_t M : {1, 7, 16, 33, 100, 256, 1000, 5000})
+    for (int64_t N : {64, 1536, 4096, 14336})
+      for (int64_t K : {64, 256, 4096, 14336})
+        for (int64_t L : {1, 3}) {
+          const auto c = dual_config(M, N, K, L, kH100Sms);
+          const int64_t kTiles = K / 64;
+          ASSERT_TRUE(c.tile_n == 16 || c.tile_n == 32 || c.tile_n == 64 || c.tile_n == 128);
+          ASSERT_TRUE(c.tile_n == 16 || c.tile_n / 2 < M) << M;
+          ASSERT_GE(int64_t(c.splits) * c.kt_per_split, kTiles);     // every K tile in a split
+          ASSERT_LT(int64_t(c.splits - 1) * c.kt_per_split, kTiles);  // no empty split
+          ASSERT_TRUE(c.splits == 1 || c.kt_per_split >= 4);
+        }
+}
+
+TEST(DualHeuristics, RasterOrderIsABijection) {
+  using lowbit::cuda::gemm::dual_tile_coords;
+  for (int group : {0, 1, 8, 32})
+    for (int64_t gx : {1, 5, 32, 33, 64, 100, 224})
+      for (int64_t gy : {1, 3, 32}) {
+        std::vector<int> seen(size_t(gx * gy), 0);
+        for (int64_t by = 0; by < gy; ++by)
+          for (int64_t bx = 0; bx < gx; ++bx) {
+            const auto t = dual_tile_coords(bx, by, gx, gy, group);
+            ASSERT_TRUE(t.x >= 0 && t.x < gx && t.y >= 0 && t.y < gy) << gx << " " << gy << " " << group;
+            ++seen[size_t(t.y * gx + t.x)];
+            if (group <= 0 || gx <= group) ASSERT_TRUE(t.x == bx && t.y == by);  // the plain order
+          }
+        for (int v : seen) ASSERT_EQ(v, 1);
+      }
+  // 224 blocks, groups of 32: the first 32 x gy CTAs in launch order are the first 32 blocks
+  const auto a = dual_tile_coords(31, 0, 224, 4, 32), b = dual_tile_coords(32, 0, 224, 4, 32);
+  EXPECT_EQ(std::make_tuple(a.x, a.y, b.x, b.y), std::make_tuple(int64_t(31), int64_t(0), int64_t(0), int64_t(1)));
+  const auto last = dual_tile_coords(223, 3, 224, 4, 32);
+  EXPECT_EQ(std::make_tuple(last.x, last.y), std::make_tuple(int64_t(223), int64_t(3)));
+}
+
+TEST(DualHeuristics, TuningConfigIsMadeValid) {
+  using lowbit::cuda::gemm::dual_config_for;
+  const auto a = dual_config_for(100, 0, 4096);  // tile rounded up, splits at least 1
+  EXPECT_EQ(std::make_tuple(a.tile_n, a.splits, a.kt_per_split), std::make_tuple(128, 1, 64));
+  const auto b = dual_config_for(16, 28, 4096);  // 64 K tiles in 28 splits: 3 per split, 22 splits
+  EXPECT_EQ(std::make_tuple(b.tile_n, b.splits, b.kt_per_split), std::make_tuple(16, 22, 3));
+  const auto c = dual_config_for(32, 1000, 128);  // more splits than K tiles
+  EXPECT_EQ(std::make_tuple(c.tile_n, c.splits, c.kt_per_split), std::make_tuple(32, 2, 1));
 }
 
 TEST(DualHeuristics, Stages) {

@@ -232,7 +232,8 @@ def test_moe_mlp_packed_cpu_equals_plain():
 # CUDA
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K,L", [(1, 4096, 7168, 1), (64, 512, 1024, 2), (300, 256, 512, 1)])
+@pytest.mark.parametrize("M,N,K,L", [(1, 4096, 7168, 1), (64, 512, 1024, 2), (300, 256, 512, 1),
+                                     (300, 2176, 512, 2)])  # 34 CTA columns: launch order in groups
 def test_dual_gemm_cuda_custom_kernel(M, N, K, L):
     import torch
 

@@ -126,6 +126,7 @@ NV_CONFIGS = [  # (N, K, nvfp4 activations, amaxes, bias, out dtype)
     (256, 512, False, False, True, "bfloat16"),
     (384, 1024, True, True, True, "float16"),
     (1024, 4096, False, True, False, "bfloat16"),
+    (4352, 512, False, False, True, "bfloat16"),  # 34 CTA columns: the launch order in groups of 32
 ]
 
 

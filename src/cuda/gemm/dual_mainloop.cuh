@@ -56,7 +56,8 @@ __global__ void __launch_bounds__(256) dual_gemm_kernel(Args E) {
 
   const DualGemmPlan& p = A.p;
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
-  const int64_t bx = blockIdx.x, tok0 = int64_t(blockIdx.y) * kTileN;
+  const DualTileXY tile = dual_tile_coords(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, A.raster_group);
+  const int64_t bx = tile.x, tok0 = tile.y * kTileN;
   const int split = int(blockIdx.z % A.splits);
   const int64_t l = blockIdx.z / A.splits;
   const int64_t kTiles = p.K / kTileK;

@@ -33,6 +33,7 @@ struct MainArgs {
   float* ws;            // split-K partials [splits][L][M][2N] (null when splits == 1)
   int splits;
   int k_tiles_per_split;
+  int raster_group;  // dual_tile_coords
 };
 
 __host__ __device__ inline const MainArgs& main_args(const MainArgs& a) { return a; }
@@ -41,7 +42,7 @@ __host__ __device__ inline const MainArgs& main_args(const MainArgs& a) { return
 /// pre-pass's bf16 rows, the split-K workspace (null when cfg.splits == 1) and the split.
 inline MainArgs make_dual_params(const DualGemmPlan& p, const uint8_t* packed, const uint16_t* act, float* ws,
                                  const DualConfig& cfg) {
-  return MainArgs{p, packed, act, ws, cfg.splits, cfg.kt_per_split};
+  return MainArgs{p, packed, act, ws, cfg.splits, cfg.kt_per_split, cfg.raster_group};
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "core/plan_gemm.hpp"
 #include "core/plan_linear.hpp"
+#include "cuda/gemm/heuristics.hpp"
 
 namespace lowbit::cuda {
 
@@ -18,5 +19,13 @@ int nvfp4_dual_gemm(const detail::DualGemmPlan& p, const uint8_t* packed, void* 
 int nvfp4_gemm(const detail::Nvfp4GemmPlan& q, void* stream);
 /// nvfp4_gemm's prepacked weights (q.b / q.sfb / q.spb; N % 128, K % 64) into `out`.
 int nvfp4_gemm_prepack(const detail::Nvfp4GemmPlan& q, uint8_t* out, void* stream);
+
+/// Tuning: the tile / split-K choice (made valid by gemm::dual_config_for) that this thread's next
+/// nvfp4_dual_gemm and nvfp4_gemm launches use instead of gemm::dual_config; null restores the
+/// heuristic. Only bench/dev/gemm_config_sweep.cu sets it (to measure the choices the heuristic
+/// picks from); the library never does.
+void set_dual_config_for_tuning(const gemm::DualConfig* cfg);
+/// The choice of the next launch on this thread: the tuning one when set, else gemm::dual_config.
+gemm::DualConfig choose_dual_config(int64_t M, int64_t N, int64_t K, int64_t L, int sms);
 
 }  // namespace lowbit::cuda

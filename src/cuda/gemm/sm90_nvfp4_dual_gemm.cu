@@ -34,6 +34,21 @@
 
 namespace lowbit::cuda {
 
+namespace {
+thread_local bool g_tuning = false;
+thread_local gemm::DualConfig g_tuning_cfg;
+}  // namespace
+
+void set_dual_config_for_tuning(const gemm::DualConfig* cfg) {
+  g_tuning = cfg != nullptr;
+  if (cfg) g_tuning_cfg = *cfg;
+}
+
+gemm::DualConfig choose_dual_config(int64_t M, int64_t N, int64_t K, int64_t L, int sms) {
+  if (g_tuning) return gemm::dual_config_for(g_tuning_cfg.tile_n, g_tuning_cfg.splits, K, g_tuning_cfg.raster_group);
+  return gemm::dual_config(M, N, K, L, sms);
+}
+
 int nvfp4_dual_gemm_prepack(const DualGemmPlan& p, uint8_t* packed, void* stream) {
   const int64_t chunks = p.L * (2 * p.N / kRowsPerWG) * (p.K / kTileK);
   prepack_kernel<<<unsigned(chunks), 128, 0, static_cast<cudaStream_t>(stream)>>>(p, packed);
@@ -53,7 +68,7 @@ int nvfp4_dual_gemm(const DualGemmPlan& p, const uint8_t* packed, void* stream) 
   const int sms = sm_count(dev);
 
   // tokens per CTA and split-K (gemm::dual_config)
-  const DualConfig cfg = dual_config(p.M, p.N, p.K, p.L, sms);
+  const DualConfig cfg = choose_dual_config(p.M, p.N, p.K, p.L, sms);
   const int NT = cfg.tile_n;
   const int splits = cfg.splits;
 

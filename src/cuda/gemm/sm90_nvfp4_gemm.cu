@@ -24,7 +24,7 @@ int nvfp4_gemm(const Nvfp4GemmPlan& q, void* stream) {
   p.N = q.N / 2;
   p.K = q.K;
   p.L = 1;
-  const DualConfig cfg = dual_config(p.M, p.N, p.K, p.L, sms);
+  const DualConfig cfg = choose_dual_config(p.M, p.N, p.K, p.L, sms);
   const int64_t kTiles = q.K / kTileK, chunks = (q.N / kRowsPerWG) * kTiles;
   uint8_t* own = nullptr;  // the per-call prepack (weights not prepacked by nvfp4_gemm_prepack)
   const uint8_t* packed = q.b;

@@ -159,10 +159,12 @@ TEST_P(EmuDualGemm, MatchesCpuReference) {
 // name, M, N, K, L, sms, blocked, global, nan, nt, splits
 INSTANTIATE_TEST_SUITE_P(
     Cases, EmuDualGemm,
-    ::testing::Values(Case{"t16_nan", 13, 128, 768, 1, 2, false, false, true, 16, 1},
+    ::testing::Values(Case{"t16_nan_splitk", 13, 128, 768, 1, 2, false, false, true, 16, 2},
                       Case{"t32_l2_global", 29, 128, 512, 2, 2, false, true, false, 32, 1},
-                      Case{"t64_splitk_blocked", 50, 128, 1024, 1, 16, true, false, false, 64, 4},
-                      Case{"t128_blocked_global", 100, 128, 384, 1, 2, true, true, false, 128, 1}),
+                      Case{"t64_splitk_blocked", 50, 128, 1024, 1, 4, true, false, false, 64, 4},
+                      Case{"t128_blocked_global", 100, 128, 384, 1, 1, true, true, false, 128, 1},
+                      // 34 CTA columns: the launch order in groups of 32 (dual_tile_coords)
+                      Case{"t32_raster_groups", 70, 2176, 256, 1, 16, false, false, false, 32, 1}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace
