@@ -11,6 +11,9 @@ Targets (the shapes where the design records say a profile is needed):
                  N 5760, K 2880), T 4096 x top-4 uniform routing
   moe_exact      the same on the exact path (prepacked weights)
   decode         attn_forward_decode_nf4, b8 ctx 32768 h32/8 d128, unpruned
+  linear_m16     nvfp4_gemm W4A16 on prepacked weights, M 16, N x K 4096 x 4096 (the decode side)
+  linear_m256    the same at M 256 (the mid-size tiles)
+  linear_m4096   the same at M 4096 (the mainloop's steady state)
 """
 import argparse
 
@@ -54,6 +57,16 @@ def decode():
     return lambda: lowbit.attn_forward_decode_nf4(q, c, s, r, v, delta=float("inf"))
 
 
+def linear(M, N=4096, K=4096):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b = torch.randint(0, 256, (N, K // 2), device="cuda", dtype=torch.uint8, generator=g)
+    b_sc = torch.randint(0x20, 0x40, (N, K // 16), device="cuda", dtype=torch.uint8, generator=g)
+    packed = lowbit.nvfp4_gemm_prepack(b, b_sc)
+    a = torch.randn((M, K), device="cuda", generator=g).bfloat16()
+    out = torch.empty((M, N), device="cuda", dtype=torch.bfloat16)
+    return lambda: lowbit.nvfp4_gemm(a, packed, None, b_packed=True, out=out)
+
+
 TARGETS = {
     "attn_fp8": lambda: attn(1, 8192, 32, 128, "fp8"),
     "attn_fp8_d256": lambda: attn(2, 4096, 16, 256, "fp8"),
@@ -63,6 +76,9 @@ TARGETS = {
     "moe_fp8": lambda: moe("fp8"),
     "moe_exact": lambda: moe("exact"),
     "decode": decode,
+    "linear_m16": lambda: linear(16),
+    "linear_m256": lambda: linear(256),
+    "linear_m4096": lambda: linear(4096),
 }
 
 if __name__ == "__main__":
