@@ -10,6 +10,7 @@ Targets (the shapes where the design records say a profile is needed):
   moe_fp8        group_gemm_mxfp4_nt_groupwise precision="fp8", gpt-oss-20b gate_up (32 experts,
                  N 5760, K 2880), T 4096 x top-4 uniform routing
   moe_exact      the same on the exact path (prepacked weights)
+  moe_exact_t16  the exact path at T 16 (64 rows over the 32 experts: the warp-specialized kernel)
   decode         attn_forward_decode_nf4, b8 ctx 32768 h32/8 d128, unpruned
   linear_m16     nvfp4_gemm W4A16 on prepacked weights, M 16, N x K 4096 x 4096 (the decode side)
   linear_m256    the same at M 256 (the mid-size tiles)
@@ -29,13 +30,14 @@ def attn(b, s, h, d, precision, causal=False):
     return lambda: lowbit.flash_attn_mxfp8_func(qc, kc, vc, qs, ks, vs, precision=precision, causal=causal)
 
 
-def moe(precision):
-    G, N, K, T, topk = 32, 5760, 2880, 4096, 4
+def moe(precision, T=4096):
+    G, N, K, topk = 32, 5760, 2880, 4
     g = torch.Generator(device="cuda").manual_seed(0)
     codes = torch.randint(0, 256, (G, N, K // 2), device="cuda", dtype=torch.uint8, generator=g)
     scales = torch.randint(118, 128, (G, N, K // 32), device="cuda", dtype=torch.uint8, generator=g)
     pb, ps = lowbit.group_gemm_mxfp4_prepack(codes, scales, b_scale_layout="row_major", precision=precision)
     counts = torch.full((G,), T * topk // G, dtype=torch.int64)
+    counts[: T * topk - int(counts.sum())] += 1  # T * topk rows over the G experts
     m_indptr = torch.zeros(G + 1, dtype=torch.int32)
     m_indptr[1:] = counts.cumsum(0).to(torch.int32)
     m_indptr = m_indptr.cuda()
@@ -75,6 +77,7 @@ TARGETS = {
     "attn_exact": lambda: attn(1, 8192, 32, 128, "exact"),
     "moe_fp8": lambda: moe("fp8"),
     "moe_exact": lambda: moe("exact"),
+    "moe_exact_t16": lambda: moe("exact", 16),
     "decode": decode,
     "linear_m16": lambda: linear(16),
     "linear_m256": lambda: linear(256),
