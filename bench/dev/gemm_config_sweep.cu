@@ -3,7 +3,10 @@
 // dual GEMM + SiLU (nvfp4_dual_gemm_silu) and the dense linear (nvfp4_gemm), both with prepacked
 // weights and bf16 / NVFP4 activations as the benchmarks run them, against the choice of
 // gemm::dual_config and cuBLAS bf16 in the same process. Data for the heuristic
-// (src/cuda/gemm/heuristics.hpp); the library's own choice is the "heur" column.
+// (src/cuda/gemm/heuristics.hpp); the library's own choice is the "heur" column. Also ("mxfp4"):
+// the dense mxfp4_gemm W4A16 on prepacked weights (one group of the grouped kernel) with every
+// split count and tile (cuda::set_group_config_for_tuning), against moe::pick_tile's and
+// moe::group_split's choice.
 //
 // Each choice goes through the public API with cuda::set_dual_config_for_tuning set; every call is
 // captured once in a CUDA graph and the graph replayed (CUDA events, median of the reps, 256 MiB
@@ -17,7 +20,7 @@
 // Build on the GPU machine after the Python package (pip install ... -Cbuild-dir=build-gpu-py):
 //   nvcc -std=c++17 -arch=sm_90a -O2 -Iinclude -Isrc bench/dev/gemm_config_sweep.cu \
 //     build-gpu-py/liblowbit.a -lcublas -o gemm_config_sweep
-//   ./gemm_config_sweep [--reps N] [--csv FILE] [--quick]
+//   ./gemm_config_sweep [--reps N] [--csv FILE] [--quick] [--ops dual,linear,mxfp4]
 // Prints one row per (op, shape): the heuristic's choice and time, the best choice and time,
 // cuBLAS bf16; the CSV holds every choice (column heuristic: 1 the heuristic's, 2 the same in the
 // plain launch order). Exit status 1 when a choice's output is out of tolerance.
@@ -35,8 +38,11 @@
 #include <vector>
 
 #include "cuda/gemm/launch_gemm.hpp"
+#include "cuda/moe/heuristics.hpp"
+#include "cuda/moe/launch_moe.hpp"
 #include "lowbit/gemm.hpp"
 #include "lowbit/linear.hpp"
+#include "lowbit/moe.hpp"
 
 using namespace lowbit;
 
@@ -143,10 +149,12 @@ struct Row {
 int main(int argc, char** argv) {
   bool quick = false;
   const char* csv_path = nullptr;
+  std::string ops = "dual,linear,mxfp4";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--ops") && i + 1 < argc) ops = argv[++i];
   }
   CK(cudaMalloc(&g_flush, kFlushBytes));
   CK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
@@ -179,6 +187,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   int bad = 0;
   for (const Case& cs : cases) {
+    if (ops.find(cs.op) == std::string::npos) continue;
     const bool dual = !std::strcmp(cs.op, "dual");
     const int64_t N = cs.N, K = cs.K, Wrows = dual ? 2 * N : N;
     const int64_t Mmax = Ms.back();
@@ -312,6 +321,107 @@ int main(int argc, char** argv) {
     }
     cudaFree(b); cudaFree(sb); cudaFree(packed); cudaFree(a16); cudaFree(a4); cudaFree(sa);
     cudaFree(c); cudaFree(c_ref); cudaFree(W16); cudaFree(C16);
+  }
+
+  // mxfp4_gemm (dense MXFP4 W4A16 on prepacked weights: one group of the grouped kernel): the
+  // kernel's tile is moe::pick_tile's; every split count against moe::group_split's.
+  if (ops.find("mxfp4") != std::string::npos) {
+    const int64_t nks[][2] = {{4096, 4096}, {6144, 4096}, {28672, 4096}, {4096, 14336}, {8192, 8192}};
+    const int split_set_g[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16};
+    for (const auto& nk : nks) {
+      if (quick && nk[0] != 4096) continue;
+      const int64_t N = nk[0], K = nk[1], Np = mxfp4_packed_rows(N), Kp = mxfp4_packed_k(K);
+      const int64_t Mmax = Ms.back();
+      std::vector<uint8_t> hb(size_t(N * K / 2)), hs(size_t(N * K / 32));
+      for (auto& v : hb) v = uint8_t(rng() & 0xFF);
+      for (auto& v : hs) v = uint8_t(118 + rng() % 10);
+      std::vector<uint16_t> ha(size_t(Mmax * K));
+      std::normal_distribution<float> nd;
+      for (auto& v : ha) v = bf16_bits(nd(rng));
+      uint8_t *b, *sb, *pb, *ps;
+      uint16_t *a16, *c;
+      CK(cudaMalloc(&b, hb.size()));
+      CK(cudaMalloc(&sb, hs.size()));
+      CK(cudaMalloc(&pb, size_t(Np * Kp / 2)));
+      CK(cudaMalloc(&ps, size_t(Np * Kp / 32)));
+      CK(cudaMalloc(&a16, ha.size() * 2));
+      CK(cudaMalloc(&c, size_t(Mmax * N * 2)));
+      cudaMemcpy(b, hb.data(), hb.size(), cudaMemcpyHostToDevice);
+      cudaMemcpy(sb, hs.data(), hs.size(), cudaMemcpyHostToDevice);
+      cudaMemcpy(a16, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice);
+      group_gemm_mxfp4_prepack(TensorView(b, DType::kUInt8, {1, N, K / 2}, D), TensorView(sb, DType::kUInt8, {1, N, K / 32}, D),
+                               ScaleLayout::row_major(), TensorView(pb, DType::kUInt8, {1, Np, Kp / 2}, D),
+                               TensorView(ps, DType::kUInt8, {1, Np, Kp / 32}, D), S);
+      __nv_bfloat16 *W16, *C16;
+      CK(cudaMalloc(&W16, size_t(N * K * 2)));
+      CK(cudaMalloc(&C16, size_t(Mmax * N * 2)));
+      cudaMemset(W16, 0x3c, size_t(N * K * 2));
+      CK(cudaStreamSynchronize(g_st));
+      for (const int64_t M : Ms) {
+        auto call = [&] {
+          Mxfp4GemmArgs y;
+          y.a = TensorView(a16, DType::kBFloat16, {M, K}, D);
+          y.b = TensorView(pb, DType::kUInt8, {1, Np, Kp / 2}, D);
+          y.b_scale = TensorView(ps, DType::kUInt8, {1, Np, Kp / 32}, D);
+          y.b_packed = true;
+          y.out = TensorView(c, DType::kBFloat16, {M, N}, D);
+          mxfp4_gemm(y, S);
+        };
+        const cuda::moe::GroupTile tile = cuda::moe::pick_tile(M, 1);
+        const cuda::moe::GroupSplit hs_ = cuda::moe::group_split(M, 1, N, K, tile.tile_n, tile.tile_k, sms);
+        std::vector<uint16_t> ref(size_t(M * N)), got(size_t(M * N));
+        cuda::set_group_config_for_tuning(0, 0);
+        const double t_heur = graph_us(call);
+        CK(cudaMemcpy(ref.data(), c, ref.size() * 2, cudaMemcpyDeviceToHost));
+        Row r{"mxfp4", M, N, K, {}, {}, t_heur, t_heur, 0, 0};
+        r.heur.tile_n = r.best.tile_n = tile.tile_n;
+        r.heur.splits = r.best.splits = hs_.splits;
+        if (csv) std::fprintf(csv, "mxfp4,%lld,%lld,%lld,%d,%d,%d,%.2f,1,0\n", (long long)M, (long long)N, (long long)K,
+                              tile.tile_n, hs_.splits, hs_.kt_per_split, t_heur);
+        const int tiles_g[] = {16, 32, 64, 128};
+        for (int tn : tiles_g) {
+          if (tn > 16 && tn / 2 >= M) continue;
+          const cuda::moe::GroupTile tt = cuda::moe::pick_tile(tn, 1);
+          const cuda::moe::GroupSplit base = cuda::moe::group_split(M, 1, N, K, tt.tile_n, tt.tile_k, sms);
+          std::vector<int> seen;
+          for (int sp : split_set_g) {
+            const cuda::moe::GroupSplit g = cuda::moe::group_split_for(base.max_tiles, K, tt.tile_k, sp);
+            if (std::find(seen.begin(), seen.end(), g.splits) != seen.end()) continue;
+            seen.push_back(g.splits);
+            if ((N + 127) / 128 * base.max_tiles * g.splits > 64 * sms) continue;  // far past a few waves
+            cuda::set_group_config_for_tuning(tn, g.splits);
+            CK(cudaMemsetAsync(c, 0xFF, size_t(M * N * 2), g_st));
+            const double t = graph_us(call);
+            cuda::set_group_config_for_tuning(0, 0);
+            CK(cudaMemcpy(got.data(), c, got.size() * 2, cudaMemcpyDeviceToHost));
+            const double err = max_err(ref, got, true);
+            if (err > 1.0) {
+              ++bad;
+              std::fprintf(stderr, "out of tolerance: mxfp4 M=%lld N=%lld K=%lld tile %d splits %d: %.3g\n",
+                           (long long)M, (long long)N, (long long)K, tn, g.splits, err);
+            }
+            if (csv) std::fprintf(csv, "mxfp4,%lld,%lld,%lld,%d,%d,%d,%.2f,0,%.3g\n", (long long)M, (long long)N,
+                                  (long long)K, tn, g.splits, g.kt_per_split, t, err);
+            if (t < r.t_best) {
+              r.t_best = t;
+              r.best.tile_n = tn;
+              r.best.splits = g.splits;
+            }
+          }
+        }
+        const float one = 1, zero = 0;
+        r.t_cublas = graph_us([&] {
+          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, W16, CUDA_R_16BF, int(K), a16,
+                       CUDA_R_16BF, int(K), &zero, C16, CUDA_R_16BF, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        });
+        rows.push_back(r);
+        if (csv) std::fflush(csv);
+        std::fprintf(stderr, "mxfp4 %lldx%lldx%lld heur %d/%d %.1f best %d/%d %.1f cublas %.1f\n", (long long)M,
+                     (long long)N, (long long)K, tile.tile_n, hs_.splits, t_heur, r.best.tile_n, r.best.splits, r.t_best,
+                     r.t_cublas);
+      }
+      cudaFree(b); cudaFree(sb); cudaFree(pb); cudaFree(ps); cudaFree(a16); cudaFree(c); cudaFree(W16); cudaFree(C16);
+    }
   }
   if (csv) std::fclose(csv);
   std::printf("%-7s %-16s %10s %9s %9s %10s %9s %7s %9s %7s %7s\n", "op", "MxNxK", "heur", "heur_us", "plain_us", "best",

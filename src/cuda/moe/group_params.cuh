@@ -173,7 +173,8 @@ inline GroupArgs make_group_params(const GroupGemmPlan& p) {
   a.N = p.N;
   a.K = p.K;
   a.G = p.G;
-  const moe::GroupTile t = moe::pick_layout_tile(p.M, p.G, p.max_tokens, p.expected_m);
+  moe::GroupTile t = moe::pick_layout_tile(p.M, p.G, p.max_tokens, p.expected_m);
+  if (const int tune = group_tile_for_tuning(); tune > 0 && p.max_tokens <= 0) t = moe::pick_tile(tune, 1);
   a.NT = t.tile_n;
   a.KT = t.tile_k;
   a.Kp = (p.K + a.KT - 1) / a.KT * a.KT;

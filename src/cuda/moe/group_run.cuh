@@ -78,7 +78,8 @@ cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaS
   const int sms = sm_count(dev);
   const int NT = a.NT;
   // split K when the tiles do not fill the GPU (moe::group_split)
-  const moe::GroupSplit sp = moe::group_split(rows_bound, a.G, a.N, a.K, a.NT, a.KT, sms);
+  moe::GroupSplit sp = moe::group_split(rows_bound, a.G, a.N, a.K, a.NT, a.KT, sms);
+  if (const int want = group_splits_for_tuning(); want > 0) sp = moe::group_split_for(sp.max_tiles, a.K, a.KT, want);
   const int splits = sp.splits;
   a.splits = splits;
   a.kt_per_split = sp.kt_per_split;

@@ -92,6 +92,20 @@ constexpr GroupSplit group_split(int64_t rows_bound, int64_t groups, int64_t N, 
   return s;
 }
 
+/// group_split with a requested split count (tuning): clamped to [1, K tiles], then to the count
+/// that leaves no split empty; max_tiles as group_split computes it.
+constexpr GroupSplit group_split_for(int64_t max_tiles, int64_t K, int tile_k, int splits) {
+  GroupSplit s;
+  const int64_t kTiles = (K + tile_k - 1) / tile_k;
+  int64_t sp = splits < 1 ? 1 : splits;
+  if (sp > kTiles) sp = kTiles > 0 ? kTiles : 1;
+  const int64_t per = kTiles > 0 ? (kTiles + sp - 1) / sp : 0;
+  s.max_tiles = max_tiles;
+  s.kt_per_split = int(per);
+  s.splits = per > 0 ? int((kTiles + per - 1) / per) : 1;
+  return s;
+}
+
 /// CTAs per wave-pair slot that a capped grid launches (group_grid_y).
 constexpr int kGroupCapWaves = 2;
 

@@ -26,4 +26,14 @@ int gpt_oss_moe_mlp(const detail::MoeMlpPlan& p, void* stream);
 /// gather, gate_up + SwiGLU, down into out's rows (no routing, no weighting).
 int gpt_oss_expert_mlp(const detail::MoeMlpPlan& p, void* stream);
 
+/// Tuning: the tile (tokens per CTA: 16 / 32 / 64 / 128, with moe::pick_tile's K tile) and split
+/// count (made valid by moe::group_split_for) that this thread's next grouped GEMM launches use
+/// instead of moe::pick_layout_tile's and moe::group_split's; 0 keeps the heuristic's for that
+/// one. Only bench/dev/gemm_config_sweep.cu sets them (to measure the choices); the library never
+/// does.
+void set_group_config_for_tuning(int tile_n, int splits);
+/// The tile and split count set by set_group_config_for_tuning on this thread (0: none).
+int group_tile_for_tuning();
+int group_splits_for_tuning();
+
 }  // namespace lowbit::cuda

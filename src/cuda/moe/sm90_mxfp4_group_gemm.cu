@@ -54,6 +54,17 @@
 
 namespace lowbit::cuda {
 
+namespace {
+thread_local int g_tuning_tile = 0, g_tuning_splits = 0;
+}  // namespace
+
+void set_group_config_for_tuning(int tile_n, int splits) {
+  g_tuning_tile = tile_n == 16 || tile_n == 32 || tile_n == 64 || tile_n == 128 ? tile_n : 0;
+  g_tuning_splits = splits > 0 ? splits : 0;
+}
+int group_tile_for_tuning() { return g_tuning_tile; }
+int group_splits_for_tuning() { return g_tuning_splits; }
+
 int group_gemm_mxfp4(const GroupGemmPlan& p, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   cudaMemPool_t pool = nullptr;
