@@ -217,6 +217,30 @@ TEST(DualHeuristics, TuningConfigIsMadeValid) {
   EXPECT_EQ(std::make_tuple(c.tile_n, c.splits, c.kt_per_split), std::make_tuple(32, 2, 1));
 }
 
+TEST(GroupHeuristics, DenseMidRows) {
+  using lowbit::cuda::moe::dense_group_splits;
+  using lowbit::cuda::moe::dense_mid_rows;
+  EXPECT_FALSE(dense_mid_rows(64, 4096));  // decode sizes: pick_tile / group_split
+  EXPECT_TRUE(dense_mid_rows(65, 4096));
+  EXPECT_TRUE(dense_mid_rows(4095, 4096));
+  EXPECT_FALSE(dense_mid_rows(4096, 4096));  // prefill: 128-token tiles
+  EXPECT_TRUE(dense_mid_rows(383, 14336));
+  EXPECT_FALSE(dense_mid_rows(384, 14336));  // long K: 128-token tiles from 384 rows on
+  // the measured choices (bench/dev/gemm_config_sweep.cu): fewer splits than group_split's
+  EXPECT_EQ(dense_group_splits(128, 4096, 4096, kH100Sms), 4);
+  EXPECT_EQ(dense_group_splits(256, 4096, 4096, kH100Sms), 2);
+  EXPECT_EQ(dense_group_splits(512, 4096, 4096, kH100Sms), 1);
+  EXPECT_EQ(dense_group_splits(128, 4096, 14336, kH100Sms), 4);
+  EXPECT_EQ(dense_group_splits(1000, 28672, 4096, kH100Sms), 1);
+  for (int64_t M : {65, 100, 300, 1000, 4000})
+    for (int64_t K : {32, 128, 4096, 8192})
+      for (int sms : {1, 2, 132}) {
+        const int s = dense_group_splits(M, 4096, K, sms);
+        ASSERT_GE(s, 1);
+        ASSERT_LE(s, (K + 127) / 128);  // never more splits than K tiles
+      }
+}
+
 TEST(DualHeuristics, Stages) {
   EXPECT_EQ(dual_stages(16), 8);
   EXPECT_EQ(dual_stages(32), 6);

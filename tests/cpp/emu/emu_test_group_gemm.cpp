@@ -285,11 +285,16 @@ void run_case(const Case& cs, const Mode& mode) {
   ASSERT_EQ(rc, 0);
 
   // the kernels the host path launched
-  const cuda_emu::moe::GroupTile tile = cuda_emu::moe::pick_layout_tile(M, G, cs.max_tokens, 0);
+  // one group of mid-size rows: 64-token tiles, moe::dense_group_splits (as make_group_params /
+  // run_group choose them)
+  const bool dense_mid = G == 1 && cs.max_tokens == 0 && cuda_emu::moe::dense_mid_rows(M, K);
+  const cuda_emu::moe::GroupTile tile =
+      dense_mid ? cuda_emu::moe::pick_tile(64, 1) : cuda_emu::moe::pick_layout_tile(M, G, cs.max_tokens, 0);
   EXPECT_EQ(tile.tile_n, cs.nt) << "tile of the case";
   const int64_t rows_bound = M;
-  const cuda_emu::moe::GroupSplit sp =
-      cuda_emu::moe::group_split(rows_bound, G, N, K, tile.tile_n, tile.tile_k, cs.sms);
+  cuda_emu::moe::GroupSplit sp = cuda_emu::moe::group_split(rows_bound, G, N, K, tile.tile_n, tile.tile_k, cs.sms);
+  if (dense_mid)
+    sp = cuda_emu::moe::group_split_for(sp.max_tiles, K, tile.tile_k, cuda_emu::moe::dense_group_splits(M, N, K, cs.sms));
   EXPECT_EQ(sp.splits, cs.splits) << "split-K of the case";
   int ws_launches = 0, gemm_launches = 0;
   for (const emu::LaunchRecord& l : emu::launch_log) {
@@ -351,7 +356,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"cp128_packed_nan", {130, 200}, 128, 512, Act::kE5M2, true, false, 0, 2, Special::kNaN, 128, false, 2},
         // the dense mxfp4_gemm (one group, bias epilogue)
         Case{"dense_ws32_bias", {20}, 256, 512, Act::kE4M3, true, false, 0, 2, Special::kNone, 32, true, 1, false, true},
-        Case{"dense_cp128_bf16bias", {77}, 192, 512, Act::kBF16, false, false, 0, 2, Special::kNone, 128, false, 1, false,
+        Case{"dense_cp64_bf16bias", {77}, 192, 512, Act::kBF16, false, false, 0, 2, Special::kNone, 64, false, 1, false,
+             true, DType::kBFloat16},  // 64 < M < 4096: 64-token tiles (moe::dense_mid_rows)
+        Case{"dense_cp128_bf16bias", {4096}, 128, 64, Act::kBF16, false, false, 0, 2, Special::kNone, 128, false, 1, false,
              true, DType::kBFloat16},
         Case{"cp16_plain_weight_top", {5, 0, 23, 1, 0, 40}, 256, 1024, Act::kBF16, false, false, 0, 2, Special::kWeightTop, 16, false, 1},
         // an MXFP8 row that the pre-pass's shift by 2^3 pushes past fp32's range (4 * 2^123, times
