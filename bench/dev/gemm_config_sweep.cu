@@ -367,8 +367,11 @@ int main(int argc, char** argv) {
           y.out = TensorView(c, DType::kBFloat16, {M, N}, D);
           mxfp4_gemm(y, S);
         };
-        const cuda::moe::GroupTile tile = cuda::moe::pick_tile(M, 1);
-        const cuda::moe::GroupSplit hs_ = cuda::moe::group_split(M, 1, N, K, tile.tile_n, tile.tile_k, sms);
+        // the library's choice (make_group_params / run_group for one group of M rows)
+        const bool mid = cuda::moe::dense_mid_rows(M, K);
+        const cuda::moe::GroupTile tile = cuda::moe::pick_tile(mid ? 64 : M, 1);
+        cuda::moe::GroupSplit hs_ = cuda::moe::group_split(M, 1, N, K, tile.tile_n, tile.tile_k, sms);
+        if (mid) hs_ = cuda::moe::group_split_for(hs_.max_tiles, K, tile.tile_k, cuda::moe::dense_group_splits(M, N, K, sms));
         std::vector<uint16_t> ref(size_t(M * N)), got(size_t(M * N));
         cuda::set_group_config_for_tuning(0, 0);
         const double t_heur = graph_us(call);
