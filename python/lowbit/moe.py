@@ -358,7 +358,10 @@ class ExpertParallelMoE:
         # gather takes those from two extra rows (NaN, 0) and the weight of an empty slot is 0, so
         # each term is one product: w NaN = NaN, 0 x 0 = +0, the same values as the selections.
         B = int(back.shape[0])
-        rows = torch.cat([back, torch.tensor([[float("nan")], [0.0]], dtype=back.dtype, device=dev).expand(2, H)])
+        # (both rows filled on the device: a tensor made from host data would be a host-to-device
+        # copy, which a CUDA-graph capture refuses)
+        rows = torch.cat([back, torch.full((1, H), float("nan"), dtype=back.dtype, device=dev),
+                          torch.zeros((1, H), dtype=back.dtype, device=dev)])
         src = torch.where(sent, back_row, torch.where(valid, torch.full_like(back_row, B), torch.full_like(back_row, B + 1)))
         o = rows[src].float().reshape(T, k, H)
         w = torch.where(valid.reshape(T, k), topk_weights.float(), torch.zeros((), device=dev))
