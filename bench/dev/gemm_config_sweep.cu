@@ -144,6 +144,40 @@ struct Row {
   double t_heur, t_best, t_cublas, t_plain;  // t_plain: the heuristic's choice in the plain launch order
 };
 
+
+/// cuBLAS bf16 C[M, rows] = A[M, K] W[rows, K]^T as graph replays: the anchor of every row.
+double cublas_us(cublasHandle_t h, const __nv_bfloat16* W, const uint16_t* A, __nv_bfloat16* C, int64_t rows,
+                 int64_t M, int64_t K) {
+  const float one = 1, zero = 0;
+  return graph_us([&] {
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(M), int(K), &one, W, CUDA_R_16BF, int(K), A, CUDA_R_16BF,
+                 int(K), &zero, C, CUDA_R_16BF, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
+}
+
+/// One tuned choice: `call` timed with the choice that `set` makes (and `unset` undoes) on a poisoned
+/// output, checked against the heuristic choice's output `ref`, its CSV row written; returns the
+/// time and counts an out-of-tolerance output in `bad`.
+template <class Call, class Set, class Unset>
+double measure_choice(const char* op, int64_t M, int64_t N, int64_t K, int tile, int splits, int kt, Call&& call,
+                      Set&& set, Unset&& unset, uint16_t* c, const std::vector<uint16_t>& ref, std::vector<uint16_t>& got,
+                      bool bf16, FILE* csv, int& bad) {
+  set();
+  CK(cudaMemsetAsync(c, 0xFF, size_t(M * N * 2), g_st));
+  const double t = graph_us(call);
+  unset();
+  CK(cudaMemcpy(got.data(), c, got.size() * 2, cudaMemcpyDeviceToHost));
+  const double err = max_err(ref, got, bf16);
+  if (err > 1.0) {
+    ++bad;
+    std::fprintf(stderr, "out of tolerance: %s M=%lld N=%lld K=%lld tile %d splits %d: %.3g\n", op, (long long)M,
+                 (long long)N, (long long)K, tile, splits, err);
+  }
+  if (csv)
+    std::fprintf(csv, "%s,%lld,%lld,%lld,%d,%d,%d,%.2f,0,%.3g\n", op, (long long)M, (long long)N, (long long)K, tile,
+                 splits, kt, t, err);
+  return t;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -289,30 +323,17 @@ int main(int argc, char** argv) {
           seen.push_back({cfg.tile_n, cfg.splits});
           const int64_t ctas = (dual ? N / 64 : N / 128) * ((M + cfg.tile_n - 1) / cfg.tile_n) * cfg.splits;
           if (ctas > 64 * sms) continue;  // far past a few waves: split-K only adds reduction traffic
-          cuda::set_dual_config_for_tuning(&cfg);
-          CK(cudaMemsetAsync(c, 0xFF, size_t(M * N * 2), g_st));
-          const double t = graph_us(call);
-          cuda::set_dual_config_for_tuning(nullptr);
-          CK(cudaMemcpy(got.data(), c, got.size() * 2, cudaMemcpyDeviceToHost));
-          const double err = max_err(ref, got, out_bf16);
-          if (err > 1.0) {
-            ++bad;
-            std::fprintf(stderr, "out of tolerance: %s M=%lld N=%lld K=%lld tile %d splits %d: %.3g\n", cs.op,
-                         (long long)M, (long long)N, (long long)K, cfg.tile_n, cfg.splits, err);
-          }
-          if (csv) std::fprintf(csv, "%s,%lld,%lld,%lld,%d,%d,%d,%.2f,0,%.3g\n", cs.op, (long long)M, (long long)N,
-                                (long long)K, cfg.tile_n, cfg.splits, cfg.kt_per_split, t, err);
+          const double t = measure_choice(
+              cs.op, M, N, K, cfg.tile_n, cfg.splits, cfg.kt_per_split, call,
+              [&] { cuda::set_dual_config_for_tuning(&cfg); }, [] { cuda::set_dual_config_for_tuning(nullptr); }, c,
+              ref, got, out_bf16, csv, bad);
           if (t < r.t_best) {
             r.t_best = t;
             r.best = cfg;
           }
         }
       }
-      const float one = 1, zero = 0;
-      r.t_cublas = graph_us([&] {
-        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(Wrows), int(M), int(K), &one, W16, CUDA_R_16BF, int(K), a16,
-                     CUDA_R_16BF, int(K), &zero, C16, CUDA_R_16BF, int(Wrows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      });
+      r.t_cublas = cublas_us(h, W16, a16, C16, Wrows, M, K);
       rows.push_back(r);
       if (csv) std::fflush(csv);
       std::fprintf(stderr, "%s %lldx%lldx%lld heur %d/%d %.1f (plain order %.1f) best %d/%d %.1f cublas %.1f\n",
@@ -368,10 +389,8 @@ int main(int argc, char** argv) {
           mxfp4_gemm(y, S);
         };
         // the library's choice (make_group_params / run_group for one group of M rows)
-        const bool mid = cuda::moe::dense_mid_rows(M, K);
-        const cuda::moe::GroupTile tile = cuda::moe::pick_tile(mid ? 64 : M, 1);
-        cuda::moe::GroupSplit hs_ = cuda::moe::group_split(M, 1, N, K, tile.tile_n, tile.tile_k, sms);
-        if (mid) hs_ = cuda::moe::group_split_for(hs_.max_tiles, K, tile.tile_k, cuda::moe::dense_group_splits(M, N, K, sms));
+        const cuda::moe::GroupTile tile = cuda::moe::call_tile(M, 1, K, 0, 0, true);
+        const cuda::moe::GroupSplit hs_ = cuda::moe::call_split(M, 1, N, K, tile, true, sms);
         std::vector<uint16_t> ref(size_t(M * N)), got(size_t(M * N));
         cuda::set_group_config_for_tuning(0, 0);
         const double t_heur = graph_us(call);
@@ -392,19 +411,10 @@ int main(int argc, char** argv) {
             if (std::find(seen.begin(), seen.end(), g.splits) != seen.end()) continue;
             seen.push_back(g.splits);
             if ((N + 127) / 128 * base.max_tiles * g.splits > 64 * sms) continue;  // far past a few waves
-            cuda::set_group_config_for_tuning(tn, g.splits);
-            CK(cudaMemsetAsync(c, 0xFF, size_t(M * N * 2), g_st));
-            const double t = graph_us(call);
-            cuda::set_group_config_for_tuning(0, 0);
-            CK(cudaMemcpy(got.data(), c, got.size() * 2, cudaMemcpyDeviceToHost));
-            const double err = max_err(ref, got, true);
-            if (err > 1.0) {
-              ++bad;
-              std::fprintf(stderr, "out of tolerance: mxfp4 M=%lld N=%lld K=%lld tile %d splits %d: %.3g\n",
-                           (long long)M, (long long)N, (long long)K, tn, g.splits, err);
-            }
-            if (csv) std::fprintf(csv, "mxfp4,%lld,%lld,%lld,%d,%d,%d,%.2f,0,%.3g\n", (long long)M, (long long)N,
-                                  (long long)K, tn, g.splits, g.kt_per_split, t, err);
+            const double t = measure_choice(
+                "mxfp4", M, N, K, tn, g.splits, g.kt_per_split, call,
+                [&] { cuda::set_group_config_for_tuning(tn, g.splits); }, [] { cuda::set_group_config_for_tuning(0, 0); },
+                c, ref, got, true, csv, bad);
             if (t < r.t_best) {
               r.t_best = t;
               r.best.tile_n = tn;
@@ -412,11 +422,7 @@ int main(int argc, char** argv) {
             }
           }
         }
-        const float one = 1, zero = 0;
-        r.t_cublas = graph_us([&] {
-          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, W16, CUDA_R_16BF, int(K), a16,
-                       CUDA_R_16BF, int(K), &zero, C16, CUDA_R_16BF, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        });
+        r.t_cublas = cublas_us(h, W16, a16, C16, N, M, K);
         rows.push_back(r);
         if (csv) std::fflush(csv);
         std::fprintf(stderr, "mxfp4 %lldx%lldx%lld heur %d/%d %.1f best %d/%d %.1f cublas %.1f\n", (long long)M,

@@ -173,8 +173,7 @@ inline GroupArgs make_group_params(const GroupGemmPlan& p) {
   a.N = p.N;
   a.K = p.K;
   a.G = p.G;
-  moe::GroupTile t = moe::pick_layout_tile(p.M, p.G, p.max_tokens, p.expected_m);
-  if (p.G == 1 && p.max_tokens <= 0 && !p.counts && moe::dense_mid_rows(p.M, p.K)) t = moe::pick_tile(64, 1);
+  moe::GroupTile t = moe::call_tile(p.M, p.G, p.K, p.max_tokens, p.expected_m, p.max_tokens <= 0 && !p.counts);
   if (const int tune = group_tile_for_tuning(); tune > 0 && p.max_tokens <= 0) t = moe::pick_tile(tune, 1);
   a.NT = t.tile_n;
   a.KT = t.tile_k;

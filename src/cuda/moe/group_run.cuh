@@ -77,11 +77,9 @@ cudaError_t run_group(GroupArgs a, int64_t rows_bound, cudaMemPool_t pool, cudaS
   cudaGetDevice(&dev);
   const int sms = sm_count(dev);
   const int NT = a.NT;
-  // split K when the tiles do not fill the GPU (moe::group_split; one group of mid-size rows:
-  // moe::dense_group_splits)
-  moe::GroupSplit sp = moe::group_split(rows_bound, a.G, a.N, a.K, a.NT, a.KT, sms);
-  if (a.G == 1 && !a.cap_grid && !a.group_rows_only && a.NT == 64 && moe::dense_mid_rows(rows_bound, a.K))
-    sp = moe::group_split_for(sp.max_tiles, a.K, a.KT, moe::dense_group_splits(rows_bound, a.N, a.K, sms));
+  // split K when the tiles do not fill the GPU (moe::call_split)
+  moe::GroupSplit sp =
+      moe::call_split(rows_bound, a.G, a.N, a.K, {a.NT, a.KT}, !a.cap_grid && !a.group_rows_only, sms);
   if (const int want = group_splits_for_tuning(); want > 0) sp = moe::group_split_for(sp.max_tiles, a.K, a.KT, want);
   const int splits = sp.splits;
   a.splits = splits;

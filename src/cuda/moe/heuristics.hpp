@@ -155,6 +155,24 @@ constexpr int dense_group_splits(int64_t M, int64_t N, int64_t K, int sms) {
   return best;
 }
 
+/// The tile of a call (make_group_params): pick_layout_tile, or for one group of mid-size rows
+/// bounded by m_indptr (not masked, no device counts: `one_group`) 64 tokens (dense_mid_rows).
+constexpr GroupTile call_tile(int64_t rows, int64_t groups, int64_t K, int64_t max_tokens, int64_t expected_m,
+                              bool one_group) {
+  if (one_group && groups == 1 && dense_mid_rows(rows, K)) return pick_tile(64, 1);
+  return pick_layout_tile(rows, groups, max_tokens, expected_m);
+}
+
+/// The split of a call with tile `t` (run_group): group_split, or for the 64-token tile of one group
+/// of mid-size rows (call_tile) dense_group_splits' count.
+constexpr GroupSplit call_split(int64_t rows_bound, int64_t groups, int64_t N, int64_t K, GroupTile t,
+                                bool one_group, int sms) {
+  const GroupSplit s = group_split(rows_bound, groups, N, K, t.tile_n, t.tile_k, sms);
+  if (one_group && groups == 1 && t.tile_n == 64 && dense_mid_rows(rows_bound, K))
+    return group_split_for(s.max_tiles, K, t.tile_k, dense_group_splits(rows_bound, N, K, sms));
+  return s;
+}
+
 /// CTAs per wave-pair slot that a capped grid launches (group_grid_y).
 constexpr int kGroupCapWaves = 2;
 

@@ -285,16 +285,11 @@ void run_case(const Case& cs, const Mode& mode) {
   ASSERT_EQ(rc, 0);
 
   // the kernels the host path launched
-  // one group of mid-size rows: 64-token tiles, moe::dense_group_splits (as make_group_params /
-  // run_group choose them)
-  const bool dense_mid = G == 1 && cs.max_tokens == 0 && cuda_emu::moe::dense_mid_rows(M, K);
-  const cuda_emu::moe::GroupTile tile =
-      dense_mid ? cuda_emu::moe::pick_tile(64, 1) : cuda_emu::moe::pick_layout_tile(M, G, cs.max_tokens, 0);
+  const bool one_group = cs.max_tokens == 0 && pe.counts == nullptr;
+  const cuda_emu::moe::GroupTile tile = cuda_emu::moe::call_tile(M, G, K, cs.max_tokens, 0, one_group);
   EXPECT_EQ(tile.tile_n, cs.nt) << "tile of the case";
   const int64_t rows_bound = M;
-  cuda_emu::moe::GroupSplit sp = cuda_emu::moe::group_split(rows_bound, G, N, K, tile.tile_n, tile.tile_k, cs.sms);
-  if (dense_mid)
-    sp = cuda_emu::moe::group_split_for(sp.max_tiles, K, tile.tile_k, cuda_emu::moe::dense_group_splits(M, N, K, cs.sms));
+  const cuda_emu::moe::GroupSplit sp = cuda_emu::moe::call_split(rows_bound, G, N, K, tile, one_group, cs.sms);
   EXPECT_EQ(sp.splits, cs.splits) << "split-K of the case";
   int ws_launches = 0, gemm_launches = 0;
   for (const emu::LaunchRecord& l : emu::launch_log) {
